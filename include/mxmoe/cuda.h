@@ -1,0 +1,81 @@
+// mxmoe/cuda.h — the sm_90a backend (NVIDIA Hopper: H100, H200). Compiles into every build; in a
+// build without CUDA, or on a machine without an sm_90 GPU, `available()` says why and every
+// other entry point throws mxmoe::unsupported — it never falls back silently.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "mxmoe/moe.h"
+#include "mxmoe/quantize.h"
+
+namespace mxmoe::cuda {
+
+// True when this build has the CUDA backend and device `device` is an sm_90 GPU.
+bool available(std::string* why = nullptr, int device = 0);
+std::string device_name(int device = 0);
+
+// Owning device allocation (cudaMalloc; never managed memory).
+class device_buffer {
+ public:
+  device_buffer() = default;
+  explicit device_buffer(size_t bytes);
+  ~device_buffer();
+  device_buffer(device_buffer&& o) noexcept;
+  device_buffer& operator=(device_buffer&& o) noexcept;
+  device_buffer(const device_buffer&) = delete;
+  device_buffer& operator=(const device_buffer&) = delete;
+  void* data() const { return ptr_; }
+  size_t size() const { return bytes_; }
+  void upload(const void* host, size_t bytes, size_t offset = 0);
+  void download(void* host, size_t bytes, size_t offset = 0) const;
+  void fill(uint8_t byte);
+  tensor_view view(dtype t, std::vector<int64_t> shape) const {
+    return tensor_view(ptr_, t, std::move(shape), device_kind::cuda);
+  }
+
+ private:
+  void* ptr_ = nullptr;
+  size_t bytes_ = 0;
+};
+
+void synchronize();
+
+// Quantize / dequantize device tensors (same contract as mxmoe/quantize.h, bit-exact with the
+// CPU implementation). `stream` is a cudaStream_t (nullptr: the default stream). quantize()
+// synchronizes the stream to return the statistics.
+quant_stats quantize(const tensor_view& x, mx::scale_rule rule, scale_layout layout,
+                     const tensor_view& packed, const tensor_view& scales, void* stream = nullptr);
+void dequantize(const tensor_view& packed, const tensor_view& scales, scale_layout layout,
+                const tensor_view& out, void* stream = nullptr);
+
+// The MoE layer, W4A16: bf16 activations, MXFP4 expert weights.
+class moe_layer {
+ public:
+  // Validates `cfg` and the host checkpoint-layout weights, then prepares them into the
+  // kernel layout on the device, one expert at a time (bounded temporary memory).
+  moe_layer(const moe_weights& host_weights, const moe_config& cfg);
+  ~moe_layer();
+  moe_layer(moe_layer&&) noexcept;
+  moe_layer& operator=(moe_layer&&) noexcept;
+
+  const moe_config& config() const;
+  // Bytes of device workspace forward() needs for up to `max_tokens` tokens.
+  size_t workspace_bytes(int64_t max_tokens) const;
+  // Device memory the prepared weights occupy.
+  size_t weight_bytes() const;
+
+  // x: bf16 [T, H] (device); routing: logits f32 | bf16 [T, E], or ids i32 + weights f32
+  // [T, k] (device); out: bf16 [T, H] (device). T may be 0. No host synchronization;
+  // capturable in a CUDA graph; deterministic (identical calls give identical bits).
+  void forward(const tensor_view& x, const routing_input& routing, const tensor_view& out,
+               void* workspace, size_t workspace_size, void* stream = nullptr) const;
+
+ private:
+  struct impl;
+  std::unique_ptr<impl> impl_;
+};
+
+}  // namespace mxmoe::cuda

@@ -1,0 +1,197 @@
+// mxmoe/layout.h — the one definition of every MXFP4 weight and scale layout mxmoe reads or
+// writes. Each layout maps a logical coordinate to a storage offset and has an inverse; tests
+// check round trips on odd shapes and never re-derive a layout by hand.
+//
+// Logical coordinates: a quantized matrix W[N][K] (N output rows, K the reduction dimension, a
+// multiple of 32) has codes c(n, k) and scales s(n, kb) with kb = k / 32 (K/32 scale columns).
+//
+//   scale_linear       s at n * (K/32) + kb                       (row-major [N, K/32])
+//   scale_tiled_128x4  Blackwell block-scaled MMA / cuBLAS / CUTLASS Sm1xxBlockScaledConfig /
+//                      FlashInfer layout_128x4: rows padded to 128, columns to 4, stored as
+//                      [N/128][K/32/4][32][4][4]  (BRIEF §3; vLLM's untile_cutlass_scale inverts it)
+//   checkpoint_mxfp4   gpt-oss / HF: blocks [E, N, K/32, 16] u8, scales [E, N, K/32] u8 — i.e.
+//                      row-major packed codes, element 2j low nibble, and linear scales.
+//   sm90_fragment      mxmoe's kernel layout (below): each lane's mma.sync / wgmma A-fragment
+//                      contiguous, 16 rows x 64 k per 512-byte tile.
+//   gate_up_rows       row order of the fused GEMM1 weight in the kernel layout, so that a
+//                      thread holds gate and up of the same output in its accumulators.
+//
+// Padding (rows or columns a layout adds) is never data: readers mask it, and the library's
+// own writers fill it with zero codes and scale byte 0.
+#pragma once
+
+#include <cstdint>
+
+#include "mxmoe/hd.h"
+#include "mxmoe/mx.h"
+
+namespace mxmoe::layout {
+
+MXMOE_HD int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+MXMOE_HD int64_t round_up(int64_t a, int64_t b) { return ceil_div(a, b) * b; }
+
+// Position of one 4-bit code in a byte array.
+struct nibble_pos {
+  int64_t byte;
+  int high;  // 1: bits 7..4, 0: bits 3..0
+};
+
+// ---- scales: linear [rows, cols] ---------------------------------------------------------
+struct scale_linear {
+  int64_t rows = 0, cols = 0;  // cols = K / 32
+  MXMOE_HD int64_t size() const { return rows * cols; }
+  MXMOE_HD int64_t offset(int64_t m, int64_t k) const { return m * cols + k; }
+  MXMOE_HD void coord(int64_t off, int64_t* m, int64_t* k) const {
+    *m = off / cols;
+    *k = off % cols;
+  }
+};
+
+// ---- scales: 128x4 tiled ---------------------------------------------------------------
+// offset(m, k) = (m/128)*kTiles*512 + (k/4)*512 + (m%32)*16 + ((m%128)/32)*4 + (k%4)
+struct scale_tiled_128x4 {
+  int64_t rows = 0, cols = 0;  // logical rows and scale columns (K / 32)
+  MXMOE_HD int64_t m_tiles() const { return ceil_div(rows, 128); }
+  MXMOE_HD int64_t k_tiles() const { return ceil_div(cols, 4); }
+  MXMOE_HD int64_t padded_rows() const { return m_tiles() * 128; }
+  MXMOE_HD int64_t padded_cols() const { return k_tiles() * 4; }
+  MXMOE_HD int64_t size() const { return padded_rows() * padded_cols(); }
+  MXMOE_HD int64_t offset(int64_t m, int64_t k) const {
+    return (m / 128) * k_tiles() * 512 + (k / 4) * 512 + (m % 32) * 16 + ((m % 128) / 32) * 4 + (k % 4);
+  }
+  // Inverse over the whole padded storage: returns false for padding.
+  MXMOE_HD bool coord(int64_t off, int64_t* m, int64_t* k) const {
+    const int64_t tile = off / 512, in = off % 512;
+    const int64_t mt = tile / k_tiles(), kt = tile % k_tiles();
+    *m = mt * 128 + ((in % 16) / 4) * 32 + in / 16;
+    *k = kt * 4 + in % 4;
+    return *m < rows && *k < cols;
+  }
+};
+
+// ---- gpt-oss checkpoint: blocks [E, N, K/32, 16], scales [E, N, K/32] --------------------
+struct checkpoint_mxfp4 {
+  int64_t experts = 1, rows = 0, cols = 0;  // cols = K (elements)
+  MXMOE_HD int64_t scale_cols() const { return cols / mx::kBlockSize; }
+  MXMOE_HD int64_t row_bytes() const { return cols / 2; }
+  MXMOE_HD int64_t block_bytes() const { return experts * rows * row_bytes(); }
+  MXMOE_HD int64_t scale_bytes() const { return experts * rows * scale_cols(); }
+  MXMOE_HD nibble_pos code_offset(int64_t e, int64_t n, int64_t k) const {
+    return {(e * rows + n) * row_bytes() + k / 2, static_cast<int>(k & 1)};
+  }
+  MXMOE_HD void code_coord(nibble_pos p, int64_t* e, int64_t* n, int64_t* k) const {
+    const int64_t r = p.byte / row_bytes();
+    *e = r / rows;
+    *n = r % rows;
+    *k = (p.byte % row_bytes()) * 2 + p.high;
+  }
+  MXMOE_HD int64_t scale_offset(int64_t e, int64_t n, int64_t kb) const {
+    return (e * rows + n) * scale_cols() + kb;
+  }
+  MXMOE_HD void scale_coord(int64_t off, int64_t* e, int64_t* n, int64_t* kb) const {
+    *kb = off % scale_cols();
+    *n = (off / scale_cols()) % rows;
+    *e = off / (scale_cols() * rows);
+  }
+};
+
+// ---- sm90 fragment layout (mxmoe kernels) -------------------------------------------------
+// The matrix is cut into tiles of 16 rows x 64 k, stored tile-row-major ([N/16][K/64]), so a
+// warp streaming one row tile along K reads contiguous memory. A tile is 512 bytes: lane L
+// (g = L/4, t = L%4) owns bytes [16L, 16L+16) = four u32 words, word j for the k16 step j.
+// mma.sync.m16n8k16 (and each warp of a wgmma m64 A-from-registers) wants, per lane and k16
+// step, bf16x2 registers a0 = W[g][2t, 2t+1], a1 = W[g+8][2t, 2t+1], a2 = W[g][2t+8, 2t+9],
+// a3 = W[g+8][2t+8, 2t+9]. Register r's two elements sit in nibbles r (low half) and r+4
+// (high half) of the word, which is the pairing mx::e2m1x2_to_bf16x2_pow2m126 produces with
+// shifts 0, 4, 8, 12: four integer ops per bf16x2.
+// Scales: 32 bytes per tile; lane L reads the u32 at byte 4g: bytes (g, kb0), (g+8, kb0),
+// (g, kb1), (g+8, kb1), where kb0/kb1 are the tile's two 32-element blocks.
+struct sm90_fragment {
+  static constexpr int kTileRows = 16, kTileCols = 64, kTileBytes = 512, kTileScaleBytes = 32;
+  int64_t rows = 0, cols = 0;  // N, K (K a multiple of 32)
+  MXMOE_HD int64_t row_tiles() const { return ceil_div(rows, kTileRows); }
+  MXMOE_HD int64_t col_tiles() const { return ceil_div(cols, kTileCols); }
+  MXMOE_HD int64_t weight_bytes() const { return row_tiles() * col_tiles() * kTileBytes; }
+  MXMOE_HD int64_t scale_bytes() const { return row_tiles() * col_tiles() * kTileScaleBytes; }
+
+  MXMOE_HD nibble_pos code_offset(int64_t n, int64_t k) const {
+    const int64_t tile = (n / kTileRows) * col_tiles() + k / kTileCols;
+    const int r = static_cast<int>(n % kTileRows), c = static_cast<int>(k % kTileCols);
+    const int j = c / 16, cc = c % 16;
+    const int g = r % 8, rh = r / 8, t = (cc % 8) / 2, hi = cc & 1, kh = cc / 8;
+    const int p = (rh + 2 * kh) + 4 * hi;  // nibble within the u32 word
+    const int lane = g * 4 + t;
+    return {tile * kTileBytes + lane * 16 + j * 4 + p / 2, p & 1};
+  }
+  // Inverse over the padded storage; false for padding.
+  MXMOE_HD bool code_coord(nibble_pos pos, int64_t* n, int64_t* k) const {
+    const int64_t tile = pos.byte / kTileBytes;
+    const int in = static_cast<int>(pos.byte % kTileBytes);
+    const int lane = in / 16, j = (in % 16) / 4, p = (in % 4) * 2 + pos.high;
+    const int g = lane / 4, t = lane % 4, reg = p % 4, hi = p / 4;
+    const int rh = reg % 2, kh = reg / 2;
+    *n = (tile / col_tiles()) * kTileRows + g + 8 * rh;
+    *k = (tile % col_tiles()) * kTileCols + j * 16 + kh * 8 + 2 * t + hi;
+    return *n < rows && *k < cols;
+  }
+  MXMOE_HD int64_t scale_offset(int64_t n, int64_t kb) const {
+    const int64_t tile = (n / kTileRows) * col_tiles() + kb / 2;
+    const int r = static_cast<int>(n % kTileRows);
+    return tile * kTileScaleBytes + (r % 8) * 4 + (kb % 2) * 2 + r / 8;
+  }
+  MXMOE_HD bool scale_coord(int64_t off, int64_t* n, int64_t* kb) const {
+    const int64_t tile = off / kTileScaleBytes;
+    const int in = static_cast<int>(off % kTileScaleBytes);
+    *n = (tile / col_tiles()) * kTileRows + (in / 4) + 8 * (in % 2);
+    *kb = (tile % col_tiles()) * 2 + (in % 4) / 2;
+    return *n < rows && *kb < cols / mx::kBlockSize;
+  }
+};
+
+// ---- GEMM1 row order in the kernel layout ------------------------------------------------
+// Checkpoints store the fused gate/up weight [2I, H] either concatenated ([gate; up]) or
+// interleaved (gpt-oss: row 2j gate j, row 2j+1 up j). The kernel layout orders rows so that
+// kernel row R (tile R/16, r = R%16) holds gate (r < 8) or up (r >= 8) of output j = (R/16)*8 + r%8:
+// an mma thread's accumulator rows g and g+8 are then gate and up of the same output.
+enum class gate_up_order : uint8_t { concatenated, interleaved };
+
+inline const char* to_string(gate_up_order o) {
+  return o == gate_up_order::interleaved ? "interleaved" : "concatenated";
+}
+
+struct gate_up_rows {
+  int64_t intermediate = 0;  // I; the fused weight has 2I rows
+  gate_up_order order = gate_up_order::concatenated;
+  // (output j, is_up) of a checkpoint row, and back.
+  MXMOE_HD int64_t checkpoint_row(int64_t j, int is_up) const {
+    return order == gate_up_order::interleaved ? 2 * j + is_up : is_up * intermediate + j;
+  }
+  MXMOE_HD void split_checkpoint_row(int64_t row, int64_t* j, int* is_up) const {
+    if (order == gate_up_order::interleaved) {
+      *j = row / 2;
+      *is_up = static_cast<int>(row % 2);
+    } else {
+      *j = row % intermediate;
+      *is_up = static_cast<int>(row / intermediate);
+    }
+  }
+  MXMOE_HD int64_t kernel_row(int64_t j, int is_up) const { return (j / 8) * 16 + is_up * 8 + j % 8; }
+  MXMOE_HD void split_kernel_row(int64_t row, int64_t* j, int* is_up) const {
+    *j = (row / 16) * 8 + row % 8;
+    *is_up = static_cast<int>((row % 16) / 8);
+  }
+  MXMOE_HD int64_t kernel_to_checkpoint(int64_t row) const {
+    int64_t j;
+    int u;
+    split_kernel_row(row, &j, &u);
+    return checkpoint_row(j, u);
+  }
+  MXMOE_HD int64_t checkpoint_to_kernel(int64_t row) const {
+    int64_t j;
+    int u;
+    split_checkpoint_row(row, &j, &u);
+    return kernel_row(j, u);
+  }
+};
+
+}  // namespace mxmoe::layout

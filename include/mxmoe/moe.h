@@ -1,0 +1,111 @@
+// mxmoe/moe.h — Mixture-of-Experts semantics: configuration, weights, routing, and the CPU
+// reference layer that defines what every backend must compute (BRIEF §4).
+//
+//   x [T, H]; router logits [T, E] (given, or x·Wrᵀ + br from the router weights);
+//   routing -> expert ids [T, k] and weights [T, k];
+//   per selected expert e: h = x·W13ₑᵀ (+ b13ₑ) [2I]; a = act(gate, up) [I];
+//                           y = a·W2ₑᵀ (+ b2ₑ) [H];  out = Σ_k w_k · y_k.
+#pragma once
+
+#include <cstdint>
+
+#include "mxmoe/dtype.h"
+#include "mxmoe/layout.h"
+
+namespace mxmoe {
+
+enum class routing_kind : uint8_t {
+  softmax_topk,          // Mixtral, Qwen3-MoE: softmax over E, top-k, optional renormalize
+  topk_softmax,          // gpt-oss: top-k of the logits, softmax over those k
+  sigmoid_grouped_topk,  // DeepSeek-V3, Kimi-K2: sigmoid, correction bias, groups, scaling
+};
+enum class activation_kind : uint8_t {
+  silu_mul,        // silu(gate) * up
+  swiglu_clamped,  // gpt-oss: g = min(gate, limit); u = clamp(up, -limit, limit);
+                   //          g * sigmoid(alpha * g) * (u + 1)
+};
+enum class weight_format : uint8_t { mxfp4, bf16 };
+
+const char* to_string(routing_kind);
+const char* to_string(activation_kind);
+const char* to_string(weight_format);
+
+struct routing_config {
+  routing_kind kind = routing_kind::softmax_topk;
+  int top_k = 1;
+  bool renormalize = true;            // softmax_topk: divide the k weights by their sum
+  int n_group = 1;                    // sigmoid_grouped_topk
+  int topk_group = 1;                 // sigmoid_grouped_topk
+  float routed_scaling_factor = 1.0f; // sigmoid_grouped_topk
+};
+
+struct activation_config {
+  activation_kind kind = activation_kind::silu_mul;
+  float alpha = 1.702f;  // swiglu_clamped
+  float limit = 7.0f;    // swiglu_clamped
+};
+
+struct moe_shape {
+  int64_t experts = 0, hidden = 0, intermediate = 0;  // E, H, I
+};
+
+struct moe_config {
+  moe_shape shape;
+  routing_config routing;
+  activation_config activation;
+  layout::gate_up_order gate_up = layout::gate_up_order::concatenated;
+};
+
+// Throws mxmoe::invalid_argument naming the field: E in [1, 512], top_k in [1, min(16, E)],
+// H and I positive multiples of 32, n_group divides E, topk_group in [1, n_group],
+// top_k <= topk_group * E / n_group, finite positive alpha/limit/scaling factor.
+void validate(const moe_config& cfg);
+
+// Expert weights in the checkpoint layout (BRIEF §3), host memory. Optional views: empty().
+struct moe_weights {
+  weight_format format = weight_format::mxfp4;
+  tensor_view w13_blocks, w13_scales;  // mxfp4: u8 [E, 2I, H/32, 16], u8 [E, 2I, H/32]
+  tensor_view w2_blocks, w2_scales;    // mxfp4: u8 [E, H, I/32, 16],  u8 [E, H, I/32]
+  tensor_view w13, w2;                 // bf16:  bf16 [E, 2I, H], bf16 [E, H, I]
+  tensor_view b13, b2;                 // optional bf16 | f32 [E, 2I], [E, H]
+  tensor_view router_weight;           // optional bf16 | f32 [E, H] (when logits are not given)
+  tensor_view router_bias;             // optional bf16 | f32 [E]
+  tensor_view correction_bias;         // optional f32 [E] (sigmoid_grouped_topk only)
+};
+
+// Throws mxmoe::invalid_argument naming the tensor when a shape or dtype does not match cfg.
+void validate(const moe_weights& w, const moe_config& cfg);
+
+// Either logits (f32 | bf16 [T, E]), or precomputed ids (i32 [T, k], each in [0, E)) and
+// weights (f32 [T, k]). When all three are empty, logits are computed from the router weights.
+struct routing_input {
+  tensor_view logits;
+  tensor_view ids;
+  tensor_view weights;
+};
+
+namespace cpu {
+
+// logits f32 | bf16 [T, E] -> ids_out i32 [T, k], weights_out f32 [T, k]. Ties: lower expert
+// index wins. correction_bias: optional f32 [E], sigmoid_grouped_topk only.
+void route(const tensor_view& logits, const tensor_view& correction_bias, const routing_config& cfg,
+           const tensor_view& ids_out, const tensor_view& weights_out);
+
+// Router logits from weights: x [T, H] bf16 | f32, router_weight [E, H], router_bias [E] ->
+// logits_out f32 [T, E], accumulated in float64.
+void router_logits(const tensor_view& x, const tensor_view& router_weight, const tensor_view& router_bias,
+                   const tensor_view& logits_out);
+
+enum class precision : uint8_t {
+  f32,  // float32 accumulation, multithreaded: the CPU backend
+  f64,  // float64 everywhere: the test oracle
+};
+
+// The reference MoE layer. x: bf16 | f32 [T, H]; out: f32 | bf16 [T, H]. MXFP4 weights are
+// dequantized with mx::dequantize_value; nothing is rounded to bf16 between the GEMMs.
+void moe_forward(const tensor_view& x, const routing_input& routing, const moe_weights& weights,
+                 const moe_config& cfg, const tensor_view& out, precision prec = precision::f32,
+                 int threads = 0);
+
+}  // namespace cpu
+}  // namespace mxmoe
