@@ -24,12 +24,9 @@
 #pragma once
 
 #include <cstdint>
+#include <cstring>
 
 #include "mxmoe/hd.h"
-
-#if !defined(__CUDACC__)
-#include <cstring>
-#endif
 
 namespace mxmoe::mx {
 
