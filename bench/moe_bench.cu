@@ -1,6 +1,273 @@
-// PLACEHOLDER — the MoE benchmark (issue 4).
+// moe_bench.cu — the MoE layer benchmark (`bench_moe`, `mxmoe bench`).
+//
+// For each model shape (include/mxmoe/presets.h) and token count T: synthetic MXFP4 weights on
+// the device (random codes, scale bytes 118..122), random bf16 activations and router logits,
+// the whole layer (routing included) captured in a CUDA graph per input set; R input sets are
+// rotated and the L2 (60 MB) is flushed before each timed replay; median of `iters` replays.
+//
+// Napkin math, per point:
+//   bytes  = touched experts * 3*H*I * 4.25/8   (E2M1 + one E8M0 per 32)  + 2*T*H*2 (x, out)
+//   flops  = 2 * T * k * 3*H*I
+//   floor  = max(bytes / copy bandwidth, flops / bf16 matmul rate)
+// Touched experts come from the actual routing of each input set (cpu::route on the same
+// logits). Copy bandwidth is measured here; the bf16 rate comes from the torch run of the same
+// session (bench/torch_baseline.py), which also times the torch BF16 grouped-GEMM layer.
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
 #include <cstdio>
+#include <ctime>
+#include <fstream>
+#include <map>
+#include <memory>
+#include <random>
+#include <set>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
 #include "moe_bench.h"
+#include "mxmoe/cuda.h"
+#include "mxmoe/dtype.h"
+#include "mxmoe/moe.h"
+#include "mxmoe/presets.h"
+
 namespace mxmoe::bench {
-int run_moe_bench(const moe_bench_options&) { std::fprintf(stderr, "not yet\n"); return 3; }
+namespace {
+
+#define BENCH_CUDA(call)                                                                        \
+  do {                                                                                          \
+    const cudaError_t e_ = (call);                                                              \
+    if (e_ != cudaSuccess) {                                                                    \
+      std::fprintf(stderr, "CUDA error %s at %s:%d: %s\n", cudaGetErrorString(e_), __FILE__, __LINE__, #call); \
+      std::exit(4);                                                                             \
+    }                                                                                           \
+  } while (0)
+
+__global__ void fill_random_bytes(uint8_t* p, int64_t n, uint64_t seed, int lo, int span) {
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    uint64_t z = seed + static_cast<uint64_t>(i) * 0x9E3779B97F4A7C15ull;  // splitmix64
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    z ^= z >> 31;
+    p[i] = static_cast<uint8_t>(span >= 256 ? (z & 0xFFu) : lo + static_cast<int>(z % static_cast<uint64_t>(span)));
+  }
+}
+
+void random_device_bytes(cuda::device_buffer& b, uint64_t seed, int lo, int span) {
+  fill_random_bytes<<<1024, 256>>>(static_cast<uint8_t*>(b.data()), static_cast<int64_t>(b.size()), seed, lo, span);
+  BENCH_CUDA(cudaGetLastError());
+}
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v.empty() ? 0.0 : v[v.size() / 2];
+}
+
+// Device copy bandwidth, bytes read + written, TB/s.
+double measure_copy_tbps() {
+  const size_t bytes = size_t{1} << 30;
+  cuda::device_buffer a(bytes), b(bytes);
+  random_device_bytes(a, 1, 0, 256);
+  cudaEvent_t e0, e1;
+  BENCH_CUDA(cudaEventCreate(&e0));
+  BENCH_CUDA(cudaEventCreate(&e1));
+  std::vector<double> t;
+  for (int i = 0; i < 25; ++i) {
+    BENCH_CUDA(cudaEventRecord(e0));
+    BENCH_CUDA(cudaMemcpyAsync(b.data(), a.data(), bytes, cudaMemcpyDeviceToDevice));
+    BENCH_CUDA(cudaEventRecord(e1));
+    BENCH_CUDA(cudaEventSynchronize(e1));
+    float ms;
+    BENCH_CUDA(cudaEventElapsedTime(&ms, e0, e1));
+    if (i >= 5) t.push_back(ms);
+  }
+  cudaEventDestroy(e0);
+  cudaEventDestroy(e1);
+  return 2.0 * static_cast<double>(bytes) / (median(t) * 1e-3) / 1e12;
+}
+
+struct torch_baseline {
+  double bf16_tflops = 0.0, copy_tbps = 0.0;
+  std::map<std::pair<std::string, int64_t>, double> us;
+};
+
+torch_baseline load_torch(const std::string& path) {
+  torch_baseline tb;
+  if (path.empty()) return tb;
+  std::ifstream f(path);
+  if (!f) {
+    std::fprintf(stderr, "bench_moe: cannot read torch baseline %s\n", path.c_str());
+    return tb;
+  }
+  const nlohmann::json j = nlohmann::json::parse(f);
+  tb.bf16_tflops = j.value("bf16_tflops", 0.0);
+  tb.copy_tbps = j.value("copy_tbps", 0.0);
+  for (const auto& r : j.at("rows")) tb.us[{r.at("shape").get<std::string>(), r.at("tokens").get<int64_t>()}] = r.at("us");
+  return tb;
+}
+
+}  // namespace
+
+int run_moe_bench(const moe_bench_options& opt) {
+  std::string why;
+  if (!cuda::available(&why)) {
+    std::fprintf(stderr, "mxmoe bench: the cuda backend is unavailable: %s\n", why.c_str());
+    return 3;
+  }
+  cudaDeviceProp prop{};
+  BENCH_CUDA(cudaGetDeviceProperties(&prop, 0));
+  int clock_khz = 0, mem_khz = 0;
+  cudaDeviceGetAttribute(&clock_khz, cudaDevAttrClockRate, 0);
+  cudaDeviceGetAttribute(&mem_khz, cudaDevAttrMemoryClockRate, 0);
+  const double copy_tbps = measure_copy_tbps();
+  const torch_baseline tb = load_torch(opt.torch_json);
+  std::printf("GPU %s, %d SMs, max SM clock %d MHz, memory clock %d MHz\n", prop.name, prop.multiProcessorCount,
+              clock_khz / 1000, mem_khz / 1000);
+  std::printf("ceilings this run: copy %.2f TB/s (read+write), bf16 matmul %s\n", copy_tbps,
+              tb.bf16_tflops > 0 ? (std::to_string(static_cast<int>(tb.bf16_tflops)) + " TFLOP/s (torch)").c_str()
+                                 : "not measured (no --torch-json): floors use bandwidth only");
+
+  nlohmann::json rows = nlohmann::json::array();
+  std::printf("%-14s %6s %5s %9s %9s %6s %9s %7s %8s %8s\n", "shape", "T", "touch", "us", "floor_us", "floor%",
+              "torch_us", "speedup", "TFLOP/s", "GB/s");
+  const int64_t max_t = *std::max_element(opt.tokens.begin(), opt.tokens.end());
+  constexpr int kSets = 4;
+  cuda::device_buffer flush(size_t{256} << 20);
+
+  for (const std::string& name : opt.shapes) {
+    const model_preset* preset = find_model_preset(name);
+    if (!preset) {
+      std::fprintf(stderr, "mxmoe bench: unknown shape '%s'\n", name.c_str());
+      return 2;
+    }
+    const moe_config& cfg = preset->config;
+    const int64_t E = cfg.shape.experts, H = cfg.shape.hidden, I = cfg.shape.intermediate;
+    const int k = cfg.routing.top_k;
+
+    std::unique_ptr<cuda::moe_layer> layer;
+    std::vector<float> corr;
+    {  // checkpoint-layout weights live only while the layer is prepared
+      cuda::device_buffer b13(static_cast<size_t>(E * 2 * I * H / 2)), s13(static_cast<size_t>(E * 2 * I * H / 32)),
+          b2(static_cast<size_t>(E * H * I / 2)), s2(static_cast<size_t>(E * H * I / 32));
+      random_device_bytes(b13, 11, 0, 256);
+      random_device_bytes(s13, 12, 118, 5);
+      random_device_bytes(b2, 13, 0, 256);
+      random_device_bytes(s2, 14, 118, 5);
+      moe_weights w;
+      w.w13_blocks = b13.view(dtype::u8, {E, 2 * I, H / 32, 16});
+      w.w13_scales = s13.view(dtype::u8, {E, 2 * I, H / 32});
+      w.w2_blocks = b2.view(dtype::u8, {E, H, I / 32, 16});
+      w.w2_scales = s2.view(dtype::u8, {E, H, I / 32});
+      std::mt19937 rng(5);
+      std::normal_distribution<float> nd(0.0f, 0.05f);
+      std::vector<uint16_t> bias13, bias2;
+      if (preset->has_biases) {
+        bias13.resize(static_cast<size_t>(E * 2 * I));
+        bias2.resize(static_cast<size_t>(E * H));
+        for (auto& b : bias13) b = float_to_bf16(nd(rng));
+        for (auto& b : bias2) b = float_to_bf16(nd(rng));
+        w.b13 = tensor_view(bias13.data(), dtype::bf16, {E, 2 * I});
+        w.b2 = tensor_view(bias2.data(), dtype::bf16, {E, H});
+      }
+      if (cfg.routing.kind == routing_kind::sigmoid_grouped_topk) {
+        corr.resize(static_cast<size_t>(E));
+        for (auto& c : corr) c = nd(rng);
+        w.correction_bias = tensor_view(corr.data(), dtype::f32, {E});
+      }
+      layer = std::make_unique<cuda::moe_layer>(w, cfg);
+    }
+    cuda::device_buffer ws(layer->workspace_bytes(max_t));
+    std::vector<cuda::device_buffer> xs, logits_d;
+    std::vector<std::vector<float>> logits_h(kSets);
+    for (int s = 0; s < kSets; ++s) {
+      xs.emplace_back(static_cast<size_t>(max_t * H * 2));
+      std::mt19937 rng(200 + s);
+      std::normal_distribution<float> nd(0.0f, 1.0f);
+      std::vector<uint16_t> x(static_cast<size_t>(max_t * H));
+      for (auto& v : x) v = float_to_bf16(nd(rng));
+      xs.back().upload(x.data(), x.size() * 2);
+      logits_h[s].resize(static_cast<size_t>(max_t * E));
+      for (auto& v : logits_h[s]) v = nd(rng);
+      logits_d.emplace_back(logits_h[s].size() * 4);
+      logits_d.back().upload(logits_h[s].data(), logits_h[s].size() * 4);
+    }
+    cuda::device_buffer out(static_cast<size_t>(max_t * H * 2));
+    cudaStream_t stream;
+    BENCH_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+    cudaEvent_t e0, e1;
+    BENCH_CUDA(cudaEventCreate(&e0));
+    BENCH_CUDA(cudaEventCreate(&e1));
+
+    for (int64_t T : opt.tokens) {
+      std::vector<cudaGraphExec_t> exec(kSets);
+      double touched = 0;
+      for (int s = 0; s < kSets; ++s) {
+        routing_input ri;
+        ri.logits = logits_d[s].view(dtype::f32, {T, E});
+        cudaGraph_t g;
+        BENCH_CUDA(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+        layer->forward(xs[s].view(dtype::bf16, {T, H}), ri, out.view(dtype::bf16, {T, H}), ws.data(), ws.size(), stream);
+        BENCH_CUDA(cudaStreamEndCapture(stream, &g));
+        BENCH_CUDA(cudaGraphInstantiate(&exec[s], g, 0));
+        cudaGraphDestroy(g);
+        std::vector<int32_t> ids(static_cast<size_t>(T * k));
+        std::vector<float> wts(ids.size());
+        cpu::route(tensor_view(logits_h[s].data(), dtype::f32, {T, E}),
+                   corr.empty() ? tensor_view() : tensor_view(corr.data(), dtype::f32, {E}), cfg.routing, tensor_view(ids.data(), dtype::i32, {T, k}),
+                   tensor_view(wts.data(), dtype::f32, {T, k}));
+        touched += static_cast<double>(std::set<int32_t>(ids.begin(), ids.end()).size()) / kSets;
+      }
+      for (int s = 0; s < kSets; ++s) BENCH_CUDA(cudaGraphLaunch(exec[s], stream));  // warm-up
+      std::vector<double> times;
+      for (int it = 0; it < opt.iters; ++it) {
+        BENCH_CUDA(cudaMemsetAsync(flush.data(), it & 0xFF, flush.size(), stream));
+        BENCH_CUDA(cudaEventRecord(e0, stream));
+        BENCH_CUDA(cudaGraphLaunch(exec[it % kSets], stream));
+        BENCH_CUDA(cudaEventRecord(e1, stream));
+        BENCH_CUDA(cudaEventSynchronize(e1));
+        float ms;
+        BENCH_CUDA(cudaEventElapsedTime(&ms, e0, e1));
+        times.push_back(ms * 1e3);
+      }
+      for (auto& x : exec) cudaGraphExecDestroy(x);
+      const double us = median(times);
+      const double bytes = touched * 3.0 * H * I * 4.25 / 8.0 + 2.0 * T * H * 2.0;
+      const double flops = 2.0 * T * k * 3.0 * H * I;
+      const double floor_bw = bytes / (copy_tbps * 1e12) * 1e6;
+      const double floor_fl = tb.bf16_tflops > 0 ? flops / (tb.bf16_tflops * 1e12) * 1e6 : 0.0;
+      const double floor_us = std::max(floor_bw, floor_fl);
+      const auto it_t = tb.us.find({name, T});
+      const double torch_us = it_t == tb.us.end() ? 0.0 : it_t->second;
+      std::printf("%-14s %6lld %5.0f %9.1f %9.1f %5.0f%% %9.1f %6.2fx %8.1f %8.0f\n", name.c_str(),
+                  static_cast<long long>(T), touched, us, floor_us, 100.0 * floor_us / us, torch_us,
+                  torch_us > 0 ? torch_us / us : 0.0, flops / us * 1e-6, bytes / us * 1e-3);
+      std::fflush(stdout);
+      rows.push_back({{"shape", name}, {"tokens", T}, {"experts", E}, {"topk", k}, {"hidden", H}, {"intermediate", I},
+                      {"touched_experts", touched}, {"us", us}, {"floor_us", floor_us},
+                      {"torch_bf16_us", torch_us > 0 ? nlohmann::json(torch_us) : nlohmann::json(nullptr)},
+                      {"tflops", flops / us * 1e-6}, {"gbps", bytes / us * 1e-3}});
+    }
+    cudaEventDestroy(e0);
+    cudaEventDestroy(e1);
+    cudaStreamDestroy(stream);
+  }
+
+  if (!opt.json_out.empty()) {
+    char date[16];
+    const std::time_t now = std::time(nullptr);
+    std::strftime(date, sizeof date, "%Y-%m-%d", std::gmtime(&now));
+    const nlohmann::json j = {{"gpu", prop.name},        {"commit", opt.commit},
+                              {"date", date},            {"copy_tbps", copy_tbps},
+                              {"bf16_tflops", tb.bf16_tflops > 0 ? nlohmann::json(tb.bf16_tflops) : nlohmann::json(nullptr)},
+                              {"rows", rows}};
+    std::ofstream(opt.json_out) << j.dump(2) << "\n";
+  }
+  return 0;
+}
+
 }  // namespace mxmoe::bench

@@ -14,7 +14,6 @@ struct moe_bench_options {
   std::string json_out;           // write the results JSON here ("" = don't)
   std::string torch_json;         // torch BF16 baseline measured in this run (bench/torch_baseline.py)
   std::string commit = "unknown";
-  bool verify = true;             // check a sample of outputs against the CPU reference first
 };
 
 // Runs the benchmark, prints the table; returns a process exit code.

@@ -37,6 +37,7 @@ moe_layer& moe_layer::operator=(moe_layer&&) noexcept = default;
 const moe_config& moe_layer::config() const { no_cuda(); }
 size_t moe_layer::workspace_bytes(int64_t) const { no_cuda(); }
 size_t moe_layer::weight_bytes() const { no_cuda(); }
+uint32_t moe_layer::read_error_flags(const void*, size_t) const { no_cuda(); }
 void moe_layer::forward(const tensor_view&, const routing_input&, const tensor_view&, void*, size_t, void*) const {
   no_cuda();
 }

@@ -50,6 +50,11 @@ quant_stats quantize(const tensor_view& x, mx::scale_rule rule, scale_layout lay
                      const tensor_view& packed, const tensor_view& scales, void* stream = nullptr);
 void dequantize(const tensor_view& packed, const tensor_view& scales, scale_layout layout,
                 const tensor_view& out, void* stream = nullptr);
+// quantize() without the host synchronization (for pipelines, CUDA graphs and benchmarks): the
+// statistics are written to `device_stats` (device memory for one quant_stats; nullptr: not
+// written) when the stream gets there. Validates like quantize() before enqueueing anything.
+void quantize_async(const tensor_view& x, mx::scale_rule rule, scale_layout layout, const tensor_view& packed,
+                    const tensor_view& scales, quant_stats* device_stats, void* stream = nullptr);
 
 // The MoE layer, W4A16: bf16 activations, MXFP4 expert weights.
 class moe_layer {
@@ -70,8 +75,11 @@ class moe_layer {
   // x: bf16 [T, H] (device); routing: logits f32 | bf16 [T, E], or ids i32 + weights f32
   // [T, k] (device); out: bf16 [T, H] (device). T may be 0. No host synchronization;
   // capturable in a CUDA graph; deterministic (identical calls give identical bits).
+  // An expert id outside [0, E) in precomputed routing drops that slot (it contributes 0) and
+  // is recorded in the workspace: bit 0 of read_error_flags() (which synchronizes).
   void forward(const tensor_view& x, const routing_input& routing, const tensor_view& out,
                void* workspace, size_t workspace_size, void* stream = nullptr) const;
+  uint32_t read_error_flags(const void* workspace, size_t workspace_size) const;
 
  private:
   struct impl;

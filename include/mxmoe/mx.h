@@ -214,7 +214,8 @@ MXMOE_HD uint8_t block_scale(const float* x, scale_rule rule) {
   }
   const float amax = bits_float(amax_bits);
   const uint8_t base = scale_from_amax(amax, rule);
-  if (rule != scale_rule::mse || base == kE8M0Nan || amax_bits == 0) return base;
+  // Zero or subnormal amax: byte 0 for every rule (byte 1 can tie with it, and ties would pick 1).
+  if (rule != scale_rule::mse || base == kE8M0Nan || amax_bits < 0x00800000u) return base;
   uint8_t best = base;
   float best_err = block_sq_error(x, base, base);
   const int lo = base > 0 ? base - 1 : 0, hi = base < 254 ? base + 1 : 254;

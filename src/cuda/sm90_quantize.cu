@@ -1,11 +1,755 @@
-// PLACEHOLDER — replaced by the CUDA quantize work (issue 3).
+// sm90_quantize.cu — MXFP4 quantize / dequantize of device tensors (include/mxmoe/cuda.h), bit-exact
+// with the CPU reference (src/cpu/quantize.cpp). Design and napkin math: docs/quantize_kernels.md.
+//
+// Two kernels per direction:
+//   * fast: one thread per 32-element MX block, one warp per 32 consecutive blocks. The warp's
+//     input is staged through shared memory with 16-byte cp.async (each instruction of the warp
+//     reads 512 contiguous bytes), double-buffered so the next tile's loads are in flight while
+//     the current one is encoded; each thread writes its 16 packed bytes with one 16-byte store.
+//     Dequantize is the mirror image (16-byte loads of codes, output staged through shared memory).
+//     Needs 16-byte aligned rows and outputs.
+//   * reference: one thread per block, element loads, mx::quantize_block / mx::dequantize_value
+//     as written. Used when an address is not 16-byte aligned (and exercised by the tests so).
+// Scale bytes always come from mx::scale_from_amax (floor/even/rceil) or an exact replica of
+// mx::block_scale's `mse` search (same float operations in the same order, see mse_scale). The
+// per-element E2M1 encoding of the fast kernel rounds with a magic-number add instead of
+// mx::float_to_e2m1's compare chain; round_to_e2m1_grid explains why both give the same code.
+// Statistics: integer counts exact; signal and error sums per block in float (scaled units),
+// per thread in double, one partial per CTA, reduced in a fixed order by a one-CTA kernel.
+// Limits: at most 2^31 - 1 blocks per call; at most 4 leading dimensions that cannot be merged.
+#include <cuda_fp16.h>
+#include <cuda_pipeline.h>
+#include <cuda_runtime.h>
+#include <cutlass/fast_math.h>
+
+#include <algorithm>
+#include <climits>
+#include <cstdint>
+#include <string>
+
+#include "check.h"
 #include "mxmoe/cuda.h"
 #include "mxmoe/error.h"
+#include "mxmoe/layout.h"
+#include "mxmoe/mx.h"
+
 namespace mxmoe::cuda {
-quant_stats quantize(const tensor_view&, mx::scale_rule, scale_layout, const tensor_view&, const tensor_view&, void*) {
-  throw unsupported("cuda quantize: not built yet");
+namespace {
+
+using mx::scale_rule;
+
+constexpr int kThreads = 256;
+constexpr int kWarpsPerCta = kThreads / 32;
+constexpr int kMaxLeadingDims = 4;
+constexpr uint32_t kFullMask = 0xFFFFFFFFu;
+
+// ---- where things live ------------------------------------------------------------------------
+
+// Row r of a [..., rows, K] tensor (r flattened over all dimensions but the last) starts at element
+// offset sum_d index_d(r) * stride_d. Dimensions are stored innermost first, with size-1 dimensions
+// dropped and mergeable neighbours merged on the host: a contiguous tensor has one dimension.
+struct row_map {
+  int ndims = 1;
+  cutlass::FastDivmod size[kMaxLeadingDims];
+  int64_t stride[kMaxLeadingDims] = {};
+
+  __device__ int64_t offset(int row) const {
+    int64_t off = 0;
+#pragma unroll
+    for (int d = 0; d < kMaxLeadingDims - 1; ++d) {
+      if (d + 1 >= ndims) break;
+      int q, i;
+      size[d](q, i, row);
+      off += static_cast<int64_t>(i) * stride[d];
+      row = q;
+    }
+    return off + static_cast<int64_t>(row) * stride[ndims - 1];
+  }
+};
+
+// Byte offset of block g's scale (g = row * K/32 + kb over all rows).
+struct scale_index {
+  bool tiled = false;
+  cutlass::FastDivmod blocks_per_row;  // K / 32
+  cutlass::FastDivmod rows;            // rows per matrix (dim -2)
+  layout::scale_tiled_128x4 tile;      // {rows, K/32}
+  int64_t matrix_bytes = 0;            // tile.size()
+
+  __device__ int64_t offset(int g) const {
+    if (!tiled) return g;
+    int row, kb, b, m;
+    blocks_per_row(row, kb, g);
+    rows(b, m, row);
+    return b * matrix_bytes + tile.offset(m, kb);
+  }
+};
+
+struct stats_partial {
+  unsigned long long saturated, clamped, flushed, nonfinite;
+  double signal, error;
+};
+
+struct quant_params {
+  const uint8_t* x;
+  uint8_t* packed;
+  uint8_t* scales;
+  int total_blocks;
+  cutlass::FastDivmod blocks_per_row;
+  row_map rows;
+  scale_index scale;
+  int64_t pad_entries;  // tiled padding bytes over all matrices (0 for linear)
+  stats_partial* partials;  // one per CTA
+};
+
+struct dequant_params {
+  const uint8_t* packed;
+  const uint8_t* scales;
+  uint8_t* out;
+  int total_blocks;
+  scale_index scale;
+};
+
+// ---- statistics -------------------------------------------------------------------------------
+
+struct stats_acc {
+  uint32_t saturated = 0, clamped = 0, flushed = 0, nonfinite = 0;
+  double signal = 0.0, error = 0.0;
+};
+
+// Sums the CTA's accumulators in a fixed order and writes them as partial blockIdx.x.
+__device__ void store_cta_stats(const stats_acc& acc, stats_partial* partials) {
+  __shared__ stats_partial warp_sums[kWarpsPerCta];
+  unsigned long long c[4] = {acc.saturated, acc.clamped, acc.flushed, acc.nonfinite};
+  double s[2] = {acc.signal, acc.error};
+#pragma unroll
+  for (int off = 16; off > 0; off >>= 1) {
+#pragma unroll
+    for (int j = 0; j < 4; ++j) c[j] += __shfl_xor_sync(kFullMask, c[j], off);
+#pragma unroll
+    for (int j = 0; j < 2; ++j) s[j] += __shfl_xor_sync(kFullMask, s[j], off);
+  }
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  if (lane == 0) warp_sums[warp] = {c[0], c[1], c[2], c[3], s[0], s[1]};
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    stats_partial t = warp_sums[0];
+    for (int w = 1; w < kWarpsPerCta; ++w) {
+      t.saturated += warp_sums[w].saturated;
+      t.clamped += warp_sums[w].clamped;
+      t.flushed += warp_sums[w].flushed;
+      t.nonfinite += warp_sums[w].nonfinite;
+      t.signal += warp_sums[w].signal;
+      t.error += warp_sums[w].error;
+    }
+    partials[blockIdx.x] = t;
+  }
 }
-void dequantize(const tensor_view&, const tensor_view&, scale_layout, const tensor_view&, void*) {
-  throw unsupported("cuda dequantize: not built yet");
+
+// One CTA: thread t sums partials t, t + kThreads, ...; thread 0 sums those in thread order.
+__global__ void __launch_bounds__(kThreads) finalize_stats(const stats_partial* partials, int count, int64_t blocks,
+                                                           quant_stats* out) {
+  __shared__ stats_partial sums[kThreads];
+  stats_partial t{0, 0, 0, 0, 0.0, 0.0};
+  for (int i = threadIdx.x; i < count; i += kThreads) {
+    t.saturated += partials[i].saturated;
+    t.clamped += partials[i].clamped;
+    t.flushed += partials[i].flushed;
+    t.nonfinite += partials[i].nonfinite;
+    t.signal += partials[i].signal;
+    t.error += partials[i].error;
+  }
+  sums[threadIdx.x] = t;
+  __syncthreads();
+  if (threadIdx.x != 0 || out == nullptr) return;
+  for (int i = 1; i < kThreads; ++i) {
+    t.saturated += sums[i].saturated;
+    t.clamped += sums[i].clamped;
+    t.flushed += sums[i].flushed;
+    t.nonfinite += sums[i].nonfinite;
+    t.signal += sums[i].signal;
+    t.error += sums[i].error;
+  }
+  out->elements = blocks * mx::kBlockSize;
+  out->blocks = blocks;
+  out->saturated_blocks = static_cast<int64_t>(t.saturated);
+  out->clamped_elements = static_cast<int64_t>(t.clamped);
+  out->flushed_elements = static_cast<int64_t>(t.flushed);
+  out->nonfinite_blocks = static_cast<int64_t>(t.nonfinite);
+  out->signal_sq = t.signal;
+  out->error_sq = t.error;
 }
+
+// Tiled scale storage pads rows to 128 and columns to 4: those bytes get 0, like the CPU writes.
+// Padding entries of one matrix are enumerated as the padded rows (all columns), then the padded
+// columns of the real rows.
+__device__ void zero_tiled_padding(const quant_params& p) {
+  if (p.pad_entries == 0) return;
+  const layout::scale_tiled_128x4& t = p.scale.tile;
+  const int64_t pr = t.padded_rows(), pc = t.padded_cols();
+  const int64_t per_matrix = pr * pc - t.rows * t.cols, row_pad = (pr - t.rows) * pc;
+  for (int64_t i = blockIdx.x * int64_t{kThreads} + threadIdx.x; i < p.pad_entries;
+       i += int64_t{gridDim.x} * kThreads) {
+    const int64_t b = i / per_matrix, j = i % per_matrix;
+    int64_t m, k;
+    if (j < row_pad) {
+      m = t.rows + j / pc;
+      k = j % pc;
+    } else {
+      m = (j - row_pad) / (pc - t.cols);
+      k = t.cols + (j - row_pad) % (pc - t.cols);
+    }
+    p.scales[b * p.scale.matrix_bytes + t.offset(m, k)] = 0;
+  }
+}
+
+// ---- the fast quantize kernel -----------------------------------------------------------------
+
+template <dtype D>
+constexpr int elem_bytes() {
+  return D == dtype::f32 ? 4 : 2;
+}
+
+// Element i of a block held as raw little-endian words.
+template <dtype D>
+__device__ __forceinline__ float element(const uint32_t* w, int i) {
+  if constexpr (D == dtype::f32) {
+    return __uint_as_float(w[i]);
+  } else {
+    const uint16_t h = static_cast<uint16_t>((i & 1) ? (w[i >> 1] >> 16) : (w[i >> 1] & 0xFFFFu));
+    if constexpr (D == dtype::bf16) return bf16_to_float(h);
+    // Exact conversion; only a NaN's payload could differ from f16_to_float, and a block holding
+    // NaN is encoded as scale 0xFF, codes 0 whatever its payload.
+    return __half2float(__ushort_as_half(h));
+  }
+}
+
+// Bits of max |x| over the block, ordered as mx::block_scale orders them (NaN above Inf).
+template <dtype D>
+__device__ __forceinline__ uint32_t amax_bits(const uint32_t* w) {
+  if constexpr (D == dtype::f32) {
+    uint32_t m = 0;
+#pragma unroll
+    for (int i = 0; i < 32; ++i) m = max(m, w[i] & 0x7FFFFFFFu);
+    return m;
+  } else {
+    // 16-bit magnitudes order like the float values they convert to, NaN above Inf included.
+    uint32_t m2 = 0;
+#pragma unroll
+    for (int i = 0; i < 16; ++i) m2 = __vmaxu2(m2, w[i] & 0x7FFF7FFFu);
+    const uint16_t m = static_cast<uint16_t>(max(m2 & 0xFFFFu, m2 >> 16));
+    if constexpr (D == dtype::bf16) return mx::float_bits(bf16_to_float(m));
+    return mx::float_bits(__half2float(__ushort_as_half(m)));
+  }
+}
+
+// |e2m1_to_float(float_to_e2m1(a))| for finite a >= 0 below 2^100: round to nearest on the E2M1
+// grid, ties to the even code, saturate at 6. The grid step is 0.5 below 2 and half the power of
+// two of a's binade above (1 in [2, 4), 2 in [4, 8)). Adding magic = E * 2^22, E = that power of
+// two (1 below 2), leaves a sum in [magic, 2 magic) whose ulp is E/2 = the step, so the add rounds
+// a to the grid with ties to even multiples of the step; the even multiples are exactly the even
+// codes (0, 1, 2, 4 in the 0.5 grid; 2, 4 in the 1 grid; 4, 8 in the 2 grid), which reproduces
+// mx::float_to_e2m1's tie points 0.25->0, 0.75->1, 1.25->1, 1.75->2, 2.5->2, 3.5->4, 5->4; values
+// that round to 8 or more saturate to 6 like codes 7. Subtracting magic is exact.
+__device__ __forceinline__ float round_to_e2m1_grid(float a) {
+  const uint32_t binade = mx::float_bits(fmaxf(a, 1.0f)) & 0x7F800000u;
+  const float magic = mx::bits_float(binade + (22u << 23));
+  return fminf(__fsub_rn(__fadd_rn(a, magic), magic), 6.0f);
+}
+
+// The E2M1 magnitude code of a grid value r: r * 2^-126 has the code's bits at 24..22 (code 1,
+// 0.5, lands on the subnormal 2^-127), as in mx::e2m1x2_to_bf16x2_pow2m126.
+__device__ __forceinline__ uint32_t grid_code(float r) {
+  return mx::float_bits(__fmul_rn(r, mx::bits_float(0x00800000u))) >> 22;
+}
+
+// mx::block_scale(x, scale_rule::mse) with the same float operations in the same order, so the
+// same byte: per candidate c, err_c = sum_i (y_i - q_i)^2 accumulated with add_rn(err, mul_rn(d, d))
+// from i = 0, where y_i = x_i * 2^(127-ref) and q_i = e2m1(code_i) * 2^(c-ref). Both y and q carry
+// x_i's sign, so |y| - |q| is the same difference up to sign (round to nearest is symmetric) and
+// its square is the same float. Every power-of-two factor here is a normal float (ref <= 252), so
+// x * factor is what mx::mul_pow2 computes.
+template <dtype D>
+__device__ uint8_t mse_scale(const uint32_t* w, uint32_t amax) {
+  const uint8_t base = mx::scale_from_amax(mx::bits_float(amax), scale_rule::mse);
+  if (base == mx::kE8M0Nan || amax < 0x00800000u) return base;
+  const bool has_lo = base > 0, has_hi = base < 254;
+  const float f_ref = mx::e8m0_to_float(static_cast<uint8_t>(254 - base));  // 2^(127 - base)
+  const float f_lo = has_lo ? mx::e8m0_to_float(static_cast<uint8_t>(255 - base)) : 0.0f;
+  const float f_hi = has_hi ? mx::e8m0_to_float(static_cast<uint8_t>(253 - base)) : 0.0f;
+  float err_lo = 0.0f, err_ref = 0.0f, err_hi = 0.0f;
+#pragma unroll
+  for (int i = 0; i < 32; ++i) {
+    const float ax = fabsf(element<D>(w, i));
+    const float y = __fmul_rn(ax, f_ref);
+    const float d_ref = __fsub_rn(y, round_to_e2m1_grid(y));
+    err_ref = __fadd_rn(err_ref, __fmul_rn(d_ref, d_ref));
+    const float d_lo = __fsub_rn(y, __fmul_rn(round_to_e2m1_grid(__fmul_rn(ax, f_lo)), 0.5f));
+    err_lo = __fadd_rn(err_lo, __fmul_rn(d_lo, d_lo));
+    const float d_hi = __fsub_rn(y, __fmul_rn(round_to_e2m1_grid(__fmul_rn(ax, f_hi)), 2.0f));
+    err_hi = __fadd_rn(err_hi, __fmul_rn(d_hi, d_hi));
+  }
+  // mx::block_scale visits base - 1, then base + 1; ties go to the larger byte.
+  uint8_t best = base;
+  float best_err = err_ref;
+  if (has_lo && err_lo < best_err) {
+    best = static_cast<uint8_t>(base - 1);
+    best_err = err_lo;
+  }
+  if (has_hi && err_hi <= best_err) best = static_cast<uint8_t>(base + 1);
+  return best;
+}
+
+// Encodes one block with `scale` (not 0xFF) like mx::quantize_block and adds its statistics.
+template <dtype D>
+__device__ __forceinline__ uint4 encode_block(const uint32_t* w, uint8_t scale, stats_acc& acc) {
+  const float f = mx::e8m0_to_float(static_cast<uint8_t>(254 - scale));  // 2^(127 - scale)
+  uint32_t words[4] = {0, 0, 0, 0};
+  uint32_t clamped = 0, flushed = 0;
+  float signal[2] = {0.0f, 0.0f}, error[2] = {0.0f, 0.0f};  // two chains: shorter, more accurate
+#pragma unroll
+  for (int i = 0; i < 32; ++i) {
+    const float x = element<D>(w, i);
+    const float a = fabsf(__fmul_rn(x, f));
+    const float r = round_to_e2m1_grid(a);
+    const uint32_t code = grid_code(r) | ((mx::float_bits(x) >> 28) & 8u);
+    words[i >> 3] |= code << (4 * (i & 7));
+    clamped += a > mx::kE2M1Max ? 1u : 0u;
+    flushed += (r == 0.0f && x != 0.0f) ? 1u : 0u;
+    signal[i & 1] = fmaf(x, x, signal[i & 1]);
+    const float d = a - r;
+    error[i & 1] = fmaf(d, d, error[i & 1]);
+  }
+  acc.clamped += clamped;
+  acc.flushed += flushed;
+  acc.saturated += clamped > 0 ? 1u : 0u;
+  const double unit = mx::e8m0_to_float(scale);  // errors above are in units of the scale
+  acc.signal += static_cast<double>(signal[0] + signal[1]);
+  acc.error += static_cast<double>(error[0] + error[1]) * unit * unit;
+  return make_uint4(words[0], words[1], words[2], words[3]);
+}
+
+// 16-byte chunk c of a warp tile sits at c ^ ((c >> 3) & (chunks per block - 1)) in shared memory:
+// conflict-free both for the tile-order copies and for each thread reading its own block.
+template <int kChunksPerBlock>
+__device__ __forceinline__ int swizzle(int c) {
+  return c ^ ((c >> 3) & (kChunksPerBlock - 1));
+}
+
+template <dtype D>
+__device__ __forceinline__ void issue_tile_loads(const quant_params& p, int tile, uint4* stage) {
+  constexpr int kChunksPerBlock = 32 * elem_bytes<D>() / 16;
+  const int lane = threadIdx.x & 31;
+  const int g = tile * 32 + lane;
+  int64_t src = -1;  // byte offset of this lane's block, -1 past the end
+  if (g < p.total_blocks) {
+    int row, kb;
+    p.blocks_per_row(row, kb, g);
+    src = (p.rows.offset(row) + int64_t{kb} * mx::kBlockSize) * elem_bytes<D>();
+  }
+#pragma unroll
+  for (int i = 0; i < kChunksPerBlock; ++i) {
+    const int c = i * 32 + lane;
+    const int64_t s = __shfl_sync(kFullMask, src, c / kChunksPerBlock);
+    const uint8_t* gp = s >= 0 ? p.x + s + (c % kChunksPerBlock) * 16 : p.x;
+    __pipeline_memcpy_async(stage + swizzle<kChunksPerBlock>(c), gp, 16, s >= 0 ? 0 : 16);
+  }
+}
+
+template <dtype D, scale_rule R>
+__global__ void __launch_bounds__(kThreads) quantize_fast(const quant_params p) {
+  constexpr int kChunksPerBlock = 32 * elem_bytes<D>() / 16;
+  constexpr int kTileChunks = 32 * kChunksPerBlock;
+  extern __shared__ uint4 smem[];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  uint4* stage0 = smem + (2 * warp) * kTileChunks;
+  uint4* stage1 = stage0 + kTileChunks;
+
+  zero_tiled_padding(p);
+
+  stats_acc acc;
+  const int tiles = (p.total_blocks + 31) / 32;
+  const int stride = gridDim.x * kWarpsPerCta;
+  int tile = blockIdx.x * kWarpsPerCta + warp;
+  if (tile < tiles) issue_tile_loads<D>(p, tile, stage0);
+  __pipeline_commit();
+  for (int it = 0; tile < tiles; tile += stride, ++it) {
+    uint4* cur = (it & 1) ? stage1 : stage0;
+    if (tile + stride < tiles) issue_tile_loads<D>(p, tile + stride, (it & 1) ? stage0 : stage1);
+    __pipeline_commit();
+    __pipeline_wait_prior(1);
+    __syncwarp();
+
+    const int g = tile * 32 + lane;
+    if (g < p.total_blocks) {
+      uint32_t w[kChunksPerBlock * 4];
+#pragma unroll
+      for (int q = 0; q < kChunksPerBlock; ++q) {
+        const uint4 v = cur[swizzle<kChunksPerBlock>(lane * kChunksPerBlock + q)];
+        w[4 * q] = v.x;
+        w[4 * q + 1] = v.y;
+        w[4 * q + 2] = v.z;
+        w[4 * q + 3] = v.w;
+      }
+      const uint32_t amax = amax_bits<D>(w);
+      uint8_t scale;
+      if constexpr (R == scale_rule::mse) scale = mse_scale<D>(w, amax);
+      else scale = mx::scale_from_amax(mx::bits_float(amax), R);
+      uint4 out = make_uint4(0, 0, 0, 0);
+      if (scale == mx::kE8M0Nan) acc.nonfinite += 1;
+      else out = encode_block<D>(w, scale, acc);
+      __stcs(reinterpret_cast<uint4*>(p.packed) + g, out);
+      p.scales[p.scale.offset(g)] = scale;
+    }
+    __syncwarp();  // every lane has read `cur` before the next iteration refills it
+  }
+  store_cta_stats(acc, p.partials);
+}
+
+// ---- the reference quantize kernel ------------------------------------------------------------
+
+template <dtype D>
+__global__ void __launch_bounds__(kThreads) quantize_reference(const quant_params p, scale_rule rule) {
+  zero_tiled_padding(p);
+  stats_acc acc;
+  for (int g = blockIdx.x * kThreads + threadIdx.x; g < p.total_blocks; g += gridDim.x * kThreads) {
+    int row, kb;
+    p.blocks_per_row(row, kb, g);
+    const uint8_t* src = p.x + (p.rows.offset(row) + int64_t{kb} * mx::kBlockSize) * elem_bytes<D>();
+    float x[mx::kBlockSize];
+    for (int i = 0; i < mx::kBlockSize; ++i) {
+      if constexpr (D == dtype::f32) x[i] = reinterpret_cast<const float*>(src)[i];
+      else if constexpr (D == dtype::bf16) x[i] = bf16_to_float(reinterpret_cast<const uint16_t*>(src)[i]);
+      else x[i] = f16_to_float(reinterpret_cast<const uint16_t*>(src)[i]);
+    }
+    uint8_t scale, codes[mx::kPackedBlockBytes];
+    const mx::block_stats st = mx::quantize_block(x, rule, &scale, codes);
+    for (int j = 0; j < mx::kPackedBlockBytes; ++j) p.packed[int64_t{g} * mx::kPackedBlockBytes + j] = codes[j];
+    p.scales[p.scale.offset(g)] = scale;
+    if (st.nonfinite) {
+      acc.nonfinite += 1;
+      continue;
+    }
+    acc.clamped += st.clamped;
+    acc.flushed += st.flushed;
+    acc.saturated += st.clamped > 0 ? 1u : 0u;
+    for (int i = 0; i < mx::kBlockSize; ++i) {
+      const double v = x[i];
+      const double e = v - static_cast<double>(mx::dequantize_value(mx::unpack_e2m1(codes[i >> 1], i), scale));
+      acc.signal += v * v;
+      acc.error += e * e;
+    }
+  }
+  store_cta_stats(acc, p.partials);
+}
+
+// ---- dequantize ---------------------------------------------------------------------------------
+
+// Element values of one block: e2m1(code) * 2^(scale-127) is exact for every code and scale byte
+// (the smallest, 0.5 * 2^-127, is a float subnormal), so it equals mx::dequantize_value, which
+// gets there in two steps for byte 0. Scale 0xFF: the canonical NaN dequantize_value returns.
+template <dtype D>
+__device__ __forceinline__ void dequantize_words(uint4 codes, uint8_t scale, uint32_t* out) {
+  const uint32_t cw[4] = {codes.x, codes.y, codes.z, codes.w};
+  const float s = mx::e8m0_to_float(scale);
+  const bool nan = scale == mx::kE8M0Nan;
+#pragma unroll
+  for (int i = 0; i < 32; ++i) {
+    const uint8_t code = static_cast<uint8_t>((cw[i >> 3] >> (4 * (i & 7))) & 0xFu);
+    const float v = nan ? mx::bits_float(0x7FC00000u) : mx::e2m1_to_float(code) * s;
+    if constexpr (D == dtype::f32) {
+      out[i] = mx::float_bits(v);
+    } else {
+      const uint32_t h = float_to_bf16(v);
+      out[i >> 1] = (i & 1) ? (out[i >> 1] | (h << 16)) : h;
+    }
+  }
+}
+
+template <dtype D>
+__global__ void __launch_bounds__(kThreads) dequantize_fast(const dequant_params p) {
+  constexpr int kChunksPerBlock = 32 * elem_bytes<D>() / 16;
+  constexpr int kTileChunks = 32 * kChunksPerBlock;
+  __shared__ uint4 smem[kWarpsPerCta * kTileChunks];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  uint4* stage = smem + warp * kTileChunks;
+  const int tiles = (p.total_blocks + 31) / 32;
+  const int stride = gridDim.x * kWarpsPerCta;
+  const uint4* packed = reinterpret_cast<const uint4*>(p.packed);
+  uint4* out = reinterpret_cast<uint4*>(p.out);
+
+  int tile = blockIdx.x * kWarpsPerCta + warp;
+  uint4 codes = make_uint4(0, 0, 0, 0);
+  uint8_t scale = 0;
+  auto load = [&](int t, uint4& c, uint8_t& s) {
+    const int g = t * 32 + lane;
+    if (t < tiles && g < p.total_blocks) {
+      c = __ldcs(packed + g);
+      s = p.scales[p.scale.offset(g)];
+    }
+  };
+  load(tile, codes, scale);
+  for (; tile < tiles; tile += stride) {
+    uint4 next_codes = make_uint4(0, 0, 0, 0);
+    uint8_t next_scale = 0;
+    load(tile + stride, next_codes, next_scale);
+
+    uint32_t w[kChunksPerBlock * 4];
+    dequantize_words<D>(codes, scale, w);
+#pragma unroll
+    for (int q = 0; q < kChunksPerBlock; ++q)
+      stage[swizzle<kChunksPerBlock>(lane * kChunksPerBlock + q)] =
+          make_uint4(w[4 * q], w[4 * q + 1], w[4 * q + 2], w[4 * q + 3]);
+    __syncwarp();
+#pragma unroll
+    for (int i = 0; i < kChunksPerBlock; ++i) {
+      const int c = i * 32 + lane;
+      if (tile * 32 + c / kChunksPerBlock < p.total_blocks)
+        __stcs(out + int64_t{tile} * kTileChunks + c, stage[swizzle<kChunksPerBlock>(c)]);
+    }
+    __syncwarp();  // the stage is rewritten next iteration
+    codes = next_codes;
+    scale = next_scale;
+  }
+}
+
+template <dtype D>
+__global__ void __launch_bounds__(kThreads) dequantize_reference(const dequant_params p) {
+  for (int g = blockIdx.x * kThreads + threadIdx.x; g < p.total_blocks; g += gridDim.x * kThreads) {
+    const uint8_t scale = p.scales[p.scale.offset(g)];
+    const uint8_t* codes = p.packed + int64_t{g} * mx::kPackedBlockBytes;
+    for (int i = 0; i < mx::kBlockSize; ++i) {
+      const float v = mx::dequantize_value(mx::unpack_e2m1(codes[i >> 1], i), scale);
+      const int64_t e = int64_t{g} * mx::kBlockSize + i;
+      if constexpr (D == dtype::f32) reinterpret_cast<float*>(p.out)[e] = v;
+      else reinterpret_cast<uint16_t*>(p.out)[e] = float_to_bf16(v);
+    }
+  }
+}
+
+// ---- host side ----------------------------------------------------------------------------------
+
+std::string str(int64_t v) { return std::to_string(v); }
+
+void check_device_view(const tensor_view& v, const char* name, int device) {
+  MXMOE_CHECK_ARG(v.device == device_kind::cuda, name, "a cuda tensor (mxmoe::cuda backend)", "a cpu tensor");
+  if (v.numel() == 0) return;
+  cudaPointerAttributes attr{};
+  const cudaError_t err = cudaPointerGetAttributes(&attr, v.data);
+  cudaGetLastError();
+  MXMOE_CHECK_ARG(err == cudaSuccess && (attr.type == cudaMemoryTypeDevice || attr.type == cudaMemoryTypeManaged),
+                  name, "a pointer to device memory", "a host or unknown pointer");
+  MXMOE_CHECK_ARG(attr.device == device, name, "memory on the current device " + str(device),
+                  "memory on device " + str(attr.device));
+}
+
+bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+
+int64_t total_blocks_of(const tensor_view& v) {
+  return v.numel() / mx::kBlockSize;
+}
+
+// Merges the leading dimensions of x (all but the last) into row_map form, innermost first.
+row_map make_row_map(const tensor_view& x, bool* rows_aligned16) {
+  int64_t sizes[16], strides[16];
+  int n = 0;
+  for (int d = x.rank() - 2; d >= 0; --d) {
+    const int64_t size = x.dim(d), stride = x.stride(d);
+    if (size == 1) continue;
+    if (n > 0 && stride == sizes[n - 1] * strides[n - 1]) {
+      sizes[n - 1] *= size;
+      continue;
+    }
+    MXMOE_CHECK_ARG(n < kMaxLeadingDims, "x",
+                    "at most " + str(kMaxLeadingDims) + " leading dimensions that are not contiguous with each other",
+                    "shape " + shape_string(x.shape) + " strides " + shape_string(x.strides));
+    sizes[n] = size;
+    strides[n] = stride;
+    ++n;
+  }
+  row_map m;
+  if (n == 0) {  // a single row
+    sizes[0] = 1;
+    strides[0] = 0;
+    n = 1;
+  }
+  m.ndims = n;
+  *rows_aligned16 = true;
+  for (int d = 0; d < n; ++d) {
+    m.size[d] = cutlass::FastDivmod(static_cast<int>(sizes[d]));
+    m.stride[d] = strides[d];
+    *rows_aligned16 &= (strides[d] * dtype_size(x.type)) % 16 == 0;
+  }
+  return m;
+}
+
+scale_index make_scale_index(const tensor_view& values, scale_layout layout) {
+  const int64_t rows = values.dim(-2), cols = values.dim(-1) / mx::kBlockSize;
+  scale_index s;
+  s.tiled = layout == scale_layout::tiled_128x4;
+  s.blocks_per_row = cutlass::FastDivmod(static_cast<int>(cols));
+  s.rows = cutlass::FastDivmod(static_cast<int>(std::max<int64_t>(rows, 1)));
+  s.tile = layout::scale_tiled_128x4{rows, cols};
+  s.matrix_bytes = s.tile.size();
+  return s;
+}
+
+void check_block_count(const tensor_view& values, const char* name) {
+  MXMOE_CHECK_ARG(total_blocks_of(values) <= INT_MAX, name,
+                  "at most " + str(INT_MAX) + " MX blocks (2^31 - 1) per call", str(total_blocks_of(values)) + " blocks");
+}
+
+int current_device() {
+  int dev = 0;
+  MXMOE_CUDA_CHECK(cudaGetDevice(&dev));
+  return dev;
+}
+
+// CTAs for a grid-stride kernel: enough to fill the GPU, no more than the work needs.
+template <class Kernel>
+int grid_size(Kernel kernel, int smem_bytes, int64_t ctas_needed) {
+  int dev = current_device(), sms = 0, per_sm = 0;
+  MXMOE_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+  MXMOE_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kThreads, smem_bytes));
+  return static_cast<int>(std::clamp<int64_t>(ctas_needed, 1, int64_t{std::max(per_sm, 1)} * sms));
+}
+
+template <dtype D, scale_rule R>
+void launch_quantize_fast(const quant_params& p, cudaStream_t stream, int* grid_out) {
+  constexpr int kSmem = kWarpsPerCta * 2 * 32 * (32 * elem_bytes<D>() / 16) * 16;
+  auto kernel = quantize_fast<D, R>;
+  MXMOE_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem));
+  const int64_t tiles = layout::ceil_div(p.total_blocks, 32);
+  const int grid = grid_size(kernel, kSmem, std::max(layout::ceil_div(tiles, kWarpsPerCta),
+                                                     layout::ceil_div(p.pad_entries, kThreads)));
+  *grid_out = grid;
+  if (p.partials == nullptr) return;  // sizing pass
+  kernel<<<grid, kThreads, kSmem, stream>>>(p);
+  MXMOE_CUDA_CHECK(cudaGetLastError());
+}
+
+template <dtype D>
+void launch_quantize_reference(const quant_params& p, scale_rule rule, cudaStream_t stream, int* grid_out) {
+  auto kernel = quantize_reference<D>;
+  const int grid = grid_size(kernel, 0, std::max(layout::ceil_div(p.total_blocks, kThreads),
+                                                 layout::ceil_div(p.pad_entries, kThreads)));
+  *grid_out = grid;
+  if (p.partials == nullptr) return;
+  kernel<<<grid, kThreads, 0, stream>>>(p, rule);
+  MXMOE_CUDA_CHECK(cudaGetLastError());
+}
+
+template <dtype D>
+void launch_quantize(const quant_params& p, scale_rule rule, bool fast, cudaStream_t stream, int* grid) {
+  if (!fast) return launch_quantize_reference<D>(p, rule, stream, grid);
+  switch (rule) {
+    case scale_rule::floor: return launch_quantize_fast<D, scale_rule::floor>(p, stream, grid);
+    case scale_rule::even: return launch_quantize_fast<D, scale_rule::even>(p, stream, grid);
+    case scale_rule::rceil: return launch_quantize_fast<D, scale_rule::rceil>(p, stream, grid);
+    case scale_rule::mse: return launch_quantize_fast<D, scale_rule::mse>(p, stream, grid);
+  }
+}
+
+void launch_quantize_any(const quant_params& p, dtype t, scale_rule rule, bool fast, cudaStream_t stream, int* grid) {
+  switch (t) {
+    case dtype::bf16: return launch_quantize<dtype::bf16>(p, rule, fast, stream, grid);
+    case dtype::f16: return launch_quantize<dtype::f16>(p, rule, fast, stream, grid);
+    default: return launch_quantize<dtype::f32>(p, rule, fast, stream, grid);
+  }
+}
+
+// Frees a stream-ordered allocation when the enqueueing code is left, also by an exception.
+struct stream_allocation {
+  void* ptr = nullptr;
+  cudaStream_t stream = nullptr;
+  stream_allocation(size_t bytes, cudaStream_t s) : stream(s) { MXMOE_CUDA_CHECK(cudaMallocAsync(&ptr, bytes, s)); }
+  ~stream_allocation() {
+    if (ptr) cudaFreeAsync(ptr, stream);
+  }
+  stream_allocation(const stream_allocation&) = delete;
+  stream_allocation& operator=(const stream_allocation&) = delete;
+};
+
+}  // namespace
+
+void quantize_async(const tensor_view& x, mx::scale_rule rule, scale_layout layout, const tensor_view& packed,
+                    const tensor_view& scales, quant_stats* device_stats, void* stream_ptr) {
+  validate_mx_tensor(x, packed, scales, layout, "x");
+  const int dev = current_device();
+  check_device_view(x, "x", dev);
+  check_device_view(packed, "packed", dev);
+  check_device_view(scales, "scales", dev);
+  check_block_count(x, "x");
+  MXMOE_CHECK_ARG(static_cast<int>(rule) <= static_cast<int>(scale_rule::mse), "rule", "floor, even, rceil or mse",
+                  "value " + str(static_cast<int>(rule)));
+
+  const auto stream = static_cast<cudaStream_t>(stream_ptr);
+  bool rows_aligned = true;
+  quant_params p{};
+  p.x = static_cast<const uint8_t*>(x.data);
+  p.packed = packed.as<uint8_t>();
+  p.scales = scales.as<uint8_t>();
+  p.total_blocks = static_cast<int>(total_blocks_of(x));
+  p.blocks_per_row = cutlass::FastDivmod(static_cast<int>(x.dim(-1) / mx::kBlockSize));
+  p.rows = x.numel() > 0 ? make_row_map(x, &rows_aligned) : row_map{};
+  p.scale = make_scale_index(x, layout);
+  const int64_t lead_rows = x.dim(-2) > 0 ? x.numel() / x.dim(-1) / x.dim(-2) : 0;
+  p.pad_entries = layout == scale_layout::tiled_128x4
+                      ? lead_rows * (p.scale.matrix_bytes - x.dim(-2) * (x.dim(-1) / mx::kBlockSize))
+                      : 0;
+  const bool fast = rows_aligned && aligned16(x.data) && aligned16(packed.data);
+
+  int grid = 0;
+  launch_quantize_any(p, x.type, rule, fast, stream, &grid);  // sizing pass: no launch
+  stream_allocation partials(sizeof(stats_partial) * static_cast<size_t>(grid), stream);
+  p.partials = static_cast<stats_partial*>(partials.ptr);
+  launch_quantize_any(p, x.type, rule, fast, stream, &grid);
+  finalize_stats<<<1, kThreads, 0, stream>>>(p.partials, grid, p.total_blocks, device_stats);
+  MXMOE_CUDA_CHECK(cudaGetLastError());
+}
+
+quant_stats quantize(const tensor_view& x, mx::scale_rule rule, scale_layout layout, const tensor_view& packed,
+                     const tensor_view& scales, void* stream_ptr) {
+  const auto stream = static_cast<cudaStream_t>(stream_ptr);
+  quant_stats result;
+  {
+    // Validation happens in quantize_async before this allocation is used for anything.
+    stream_allocation stats(sizeof(quant_stats), stream);
+    quantize_async(x, rule, layout, packed, scales, static_cast<quant_stats*>(stats.ptr), stream);
+    MXMOE_CUDA_CHECK(cudaMemcpyAsync(&result, stats.ptr, sizeof result, cudaMemcpyDeviceToHost, stream));
+  }
+  MXMOE_CUDA_CHECK(cudaStreamSynchronize(stream));
+  return result;
+}
+
+void dequantize(const tensor_view& packed, const tensor_view& scales, scale_layout layout, const tensor_view& out,
+                void* stream_ptr) {
+  validate_mx_tensor(out, packed, scales, layout, "out");
+  const int dev = current_device();
+  check_device_view(packed, "packed", dev);
+  check_device_view(scales, "scales", dev);
+  check_device_view(out, "out", dev);
+  check_block_count(out, "out");
+
+  const auto stream = static_cast<cudaStream_t>(stream_ptr);
+  dequant_params p{};
+  p.packed = static_cast<const uint8_t*>(packed.data);
+  p.scales = static_cast<const uint8_t*>(scales.data);
+  p.out = out.as<uint8_t>();
+  p.total_blocks = static_cast<int>(total_blocks_of(out));
+  p.scale = make_scale_index(out, layout);
+  if (p.total_blocks == 0) return;
+  const bool fast = aligned16(packed.data) && aligned16(out.data);
+  const bool is_f32 = out.type == dtype::f32;
+  if (fast) {
+    auto kernel = is_f32 ? dequantize_fast<dtype::f32> : dequantize_fast<dtype::bf16>;
+    const int grid = grid_size(kernel, 0, layout::ceil_div(layout::ceil_div(p.total_blocks, 32), kWarpsPerCta));
+    kernel<<<grid, kThreads, 0, stream>>>(p);
+  } else {
+    auto kernel = is_f32 ? dequantize_reference<dtype::f32> : dequantize_reference<dtype::bf16>;
+    const int grid = grid_size(kernel, 0, layout::ceil_div(p.total_blocks, kThreads));
+    kernel<<<grid, kThreads, 0, stream>>>(p);
+  }
+  MXMOE_CUDA_CHECK(cudaGetLastError());
+}
+
 }  // namespace mxmoe::cuda

@@ -1,0 +1,32 @@
+// mxmoe/activation.h — the one definition of the MoE activations (BRIEF §4), __host__
+// __device__, for float (kernels, CPU backend) and double (the test oracle).
+//   silu_mul:       silu(gate) * up
+//   swiglu_clamped: g = min(gate, limit); u = clamp(up, -limit, limit); g * sigmoid(alpha g) * (u + 1)
+// The clamp parameters are always applied: ignoring them is a bug engines have shipped.
+#pragma once
+
+#include <cmath>
+
+#include "mxmoe/hd.h"
+#include "mxmoe/moe.h"
+
+namespace mxmoe {
+
+template <class F>
+MXMOE_HD F sigmoid(F v) {
+  using std::exp;
+  return F(1) / (F(1) + exp(-v));
+}
+
+template <class F>
+MXMOE_HD F activate(F gate, F up, const activation_config& a) {
+  if (a.kind == activation_kind::swiglu_clamped) {
+    const F limit = static_cast<F>(a.limit), alpha = static_cast<F>(a.alpha);
+    const F g = gate > limit ? limit : gate;  // a NaN gate stays NaN
+    const F u = up < -limit ? -limit : (up > limit ? limit : up);
+    return g * sigmoid(alpha * g) * (u + F(1));
+  }
+  return gate * sigmoid(gate) * up;
+}
+
+}  // namespace mxmoe

@@ -1,0 +1,200 @@
+// Validation of the MoE configuration, the checkpoint-layout weights and a call's routing and
+// activation tensors (include/mxmoe/moe.h, include/mxmoe/validate.h). Nothing here reads device
+// memory: value checks (expert ids, routing weights) run only on host tensors.
+#include <cmath>
+#include <cstdio>
+#include <string>
+
+#include "mxmoe/error.h"
+#include "mxmoe/moe.h"
+#include "mxmoe/validate.h"
+
+namespace mxmoe {
+namespace {
+
+constexpr int64_t kMaxExperts = 512;
+constexpr int kMaxTopK = 16;
+
+std::string dtype_list(std::initializer_list<dtype> types) {
+  std::string s;
+  for (dtype t : types) s += (s.empty() ? "" : " | ") + std::string(to_string(t));
+  return s;
+}
+
+std::string num(double v) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%g", v);
+  return buf;
+}
+
+void check_positive_finite(float v, const char* name) {
+  MXMOE_CHECK_ARG(std::isfinite(v) && v > 0.0f, name, "a finite value > 0", num(v));
+}
+
+void check_host(const tensor_view& v, const char* name) {
+  MXMOE_CHECK_ARG(v.device == device_kind::cpu, name, "a tensor in host (cpu) memory", "a cuda tensor");
+}
+
+// An optional weight tensor: absent, or a host tensor of the given dtypes and shape.
+void check_optional(const tensor_view& v, const char* name, std::initializer_list<dtype> types,
+                    const std::vector<int64_t>& shape) {
+  if (is_absent(v)) return;
+  check_host(v, name);
+  check_tensor(v, name, types, shape);
+}
+
+void check_required(const tensor_view& v, const char* name, std::initializer_list<dtype> types,
+                    const std::vector<int64_t>& shape) {
+  MXMOE_CHECK_ARG(!is_absent(v), name, dtype_list(types) + " " + shape_string(shape), "no tensor");
+  check_host(v, name);
+  check_tensor(v, name, types, shape);
+}
+
+void check_unused(const tensor_view& v, const char* name, const char* why) {
+  MXMOE_CHECK_ARG(is_absent(v), name, std::string("no tensor (") + why + ")",
+                  "a tensor of shape " + shape_string(v.shape));
+}
+
+}  // namespace
+
+void check_tensor(const tensor_view& v, const char* name, std::initializer_list<dtype> types,
+                  const std::vector<int64_t>& shape) {
+  bool type_ok = false;
+  for (dtype t : types) type_ok = type_ok || v.type == t;
+  MXMOE_CHECK_ARG(type_ok, name, "dtype " + dtype_list(types), to_string(v.type));
+  MXMOE_CHECK_ARG(v.shape == shape, name, "shape " + shape_string(shape), shape_string(v.shape));
+  MXMOE_CHECK_ARG(v.strides.empty() || v.strides.size() == v.shape.size(), name,
+                  "one stride per dimension", std::to_string(v.strides.size()) + " strides");
+  MXMOE_CHECK_ARG(v.contiguous(), name, "contiguous row-major strides", shape_string(v.strides));
+  MXMOE_CHECK_ARG(v.data != nullptr || v.numel() == 0, name, "non-null data", "a null pointer");
+}
+
+void validate_routing_config(const routing_config& r, int64_t e, const char* prefix) {
+  const std::string p = prefix;
+  MXMOE_CHECK_ARG(r.kind == routing_kind::softmax_topk || r.kind == routing_kind::topk_softmax ||
+                      r.kind == routing_kind::sigmoid_grouped_topk,
+                  p + ".kind", "softmax_topk | topk_softmax | sigmoid_grouped_topk",
+                  std::to_string(static_cast<int>(r.kind)));
+  const int64_t max_k = e < kMaxTopK ? e : kMaxTopK;
+  MXMOE_CHECK_ARG(r.top_k >= 1 && r.top_k <= max_k, p + ".top_k",
+                  "a value in [1, min(16, experts)] = [1, " + std::to_string(max_k) + "]", std::to_string(r.top_k));
+  MXMOE_CHECK_ARG(r.n_group >= 1 && e % r.n_group == 0, p + ".n_group",
+                  "a divisor of experts (" + std::to_string(e) + ")", std::to_string(r.n_group));
+  MXMOE_CHECK_ARG(r.topk_group >= 1 && r.topk_group <= r.n_group, p + ".topk_group",
+                  "a value in [1, n_group] = [1, " + std::to_string(r.n_group) + "]", std::to_string(r.topk_group));
+  const int64_t selectable = r.topk_group * (e / r.n_group);
+  MXMOE_CHECK_ARG(r.top_k <= selectable, p + ".top_k",
+                  "at most topk_group * experts / n_group = " + std::to_string(selectable), std::to_string(r.top_k));
+  MXMOE_CHECK_ARG(std::isfinite(r.routed_scaling_factor) && r.routed_scaling_factor > 0.0f,
+                  p + ".routed_scaling_factor", "a finite value > 0", num(r.routed_scaling_factor));
+}
+
+void validate(const moe_config& cfg) {
+  const int64_t e = cfg.shape.experts, h = cfg.shape.hidden, i = cfg.shape.intermediate;
+  MXMOE_CHECK_ARG(e >= 1 && e <= kMaxExperts, "cfg.shape.experts", "a value in [1, 512]", std::to_string(e));
+  MXMOE_CHECK_ARG(h > 0 && h % mx::kBlockSize == 0, "cfg.shape.hidden", "a positive multiple of 32",
+                  std::to_string(h));
+  MXMOE_CHECK_ARG(i > 0 && i % mx::kBlockSize == 0, "cfg.shape.intermediate", "a positive multiple of 32",
+                  std::to_string(i));
+
+  validate_routing_config(cfg.routing, e, "cfg.routing");
+
+  const activation_config& a = cfg.activation;
+  MXMOE_CHECK_ARG(a.kind == activation_kind::silu_mul || a.kind == activation_kind::swiglu_clamped,
+                  "cfg.activation.kind", "silu_mul | swiglu_clamped", std::to_string(static_cast<int>(a.kind)));
+  check_positive_finite(a.alpha, "cfg.activation.alpha");
+  check_positive_finite(a.limit, "cfg.activation.limit");
+  MXMOE_CHECK_ARG(cfg.gate_up == layout::gate_up_order::concatenated ||
+                      cfg.gate_up == layout::gate_up_order::interleaved,
+                  "cfg.gate_up", "concatenated | interleaved", std::to_string(static_cast<int>(cfg.gate_up)));
+}
+
+void validate(const moe_weights& w, const moe_config& cfg) {
+  validate(cfg);
+  const int64_t e = cfg.shape.experts, h = cfg.shape.hidden, i = cfg.shape.intermediate;
+  const int64_t bs = mx::kBlockSize, pb = mx::kPackedBlockBytes;
+  if (w.format == weight_format::mxfp4) {
+    check_required(w.w13_blocks, "weights.w13_blocks", {dtype::u8}, {e, 2 * i, h / bs, pb});
+    check_required(w.w13_scales, "weights.w13_scales", {dtype::u8}, {e, 2 * i, h / bs});
+    check_required(w.w2_blocks, "weights.w2_blocks", {dtype::u8}, {e, h, i / bs, pb});
+    check_required(w.w2_scales, "weights.w2_scales", {dtype::u8}, {e, h, i / bs});
+    check_unused(w.w13, "weights.w13", "format is mxfp4: use w13_blocks and w13_scales");
+    check_unused(w.w2, "weights.w2", "format is mxfp4: use w2_blocks and w2_scales");
+  } else {
+    MXMOE_CHECK_ARG(w.format == weight_format::bf16, "weights.format", "mxfp4 | bf16",
+                    std::to_string(static_cast<int>(w.format)));
+    check_required(w.w13, "weights.w13", {dtype::bf16}, {e, 2 * i, h});
+    check_required(w.w2, "weights.w2", {dtype::bf16}, {e, h, i});
+    check_unused(w.w13_blocks, "weights.w13_blocks", "format is bf16: use w13");
+    check_unused(w.w13_scales, "weights.w13_scales", "format is bf16: use w13");
+    check_unused(w.w2_blocks, "weights.w2_blocks", "format is bf16: use w2");
+    check_unused(w.w2_scales, "weights.w2_scales", "format is bf16: use w2");
+  }
+  check_optional(w.b13, "weights.b13", {dtype::bf16, dtype::f32}, {e, 2 * i});
+  check_optional(w.b2, "weights.b2", {dtype::bf16, dtype::f32}, {e, h});
+  check_optional(w.router_weight, "weights.router_weight", {dtype::bf16, dtype::f32}, {e, h});
+  check_optional(w.router_bias, "weights.router_bias", {dtype::bf16, dtype::f32}, {e});
+  if (is_absent(w.router_weight))
+    check_unused(w.router_bias, "weights.router_bias", "router_bias needs weights.router_weight");
+  check_optional(w.correction_bias, "weights.correction_bias", {dtype::f32}, {e});
+  if (!is_absent(w.correction_bias)) {
+    const float* bias = w.correction_bias.as<const float>();
+    for (int64_t n = 0; n < e; ++n)
+      MXMOE_CHECK_ARG(std::isfinite(bias[n]), "weights.correction_bias", "finite values",
+                      num(bias[n]) + " at [" + std::to_string(n) + "]");
+  }
+  if (cfg.routing.kind != routing_kind::sigmoid_grouped_topk)
+    check_unused(w.correction_bias, "weights.correction_bias",
+                 "only sigmoid_grouped_topk uses a correction bias; it would be ignored");
+}
+
+routing_source routing_source_of(const routing_input& r) {
+  if (!is_absent(r.logits)) return routing_source::logits;
+  if (!is_absent(r.ids) || !is_absent(r.weights)) return routing_source::precomputed;
+  return routing_source::router_weights;
+}
+
+void validate_routing_input(const routing_input& routing, const moe_config& cfg, int64_t tokens) {
+  const int64_t e = cfg.shape.experts, k = cfg.routing.top_k;
+  switch (routing_source_of(routing)) {
+    case routing_source::logits:
+      MXMOE_CHECK_ARG(is_absent(routing.ids) && is_absent(routing.weights), "routing",
+                      "either logits or ids + weights", "both");
+      check_tensor(routing.logits, "routing.logits", {dtype::f32, dtype::bf16}, {tokens, e});
+      return;
+    case routing_source::router_weights:
+      return;
+    case routing_source::precomputed:
+      break;
+  }
+  MXMOE_CHECK_ARG(!is_absent(routing.ids), "routing.ids", "i32 " + shape_string({tokens, k}) +
+                  " alongside routing.weights", "no tensor");
+  MXMOE_CHECK_ARG(!is_absent(routing.weights), "routing.weights", "f32 " + shape_string({tokens, k}) +
+                  " alongside routing.ids", "no tensor");
+  check_tensor(routing.ids, "routing.ids", {dtype::i32}, {tokens, k});
+  check_tensor(routing.weights, "routing.weights", {dtype::f32}, {tokens, k});
+  MXMOE_CHECK_ARG(routing.weights.device == routing.ids.device, "routing.weights",
+                  "the same device as routing.ids", "a different device");
+  if (routing.ids.device != device_kind::cpu) return;  // device values are not readable here
+  const int32_t* ids = routing.ids.as<const int32_t>();
+  const float* wts = routing.weights.as<const float>();
+  for (int64_t n = 0; n < tokens * k; ++n) {
+    MXMOE_CHECK_ARG(ids[n] >= 0 && ids[n] < e, "routing.ids",
+                    "expert ids in [0, " + std::to_string(e) + ")",
+                    std::to_string(ids[n]) + " at " + shape_string({n / k, n % k}));
+    MXMOE_CHECK_ARG(std::isfinite(wts[n]), "routing.weights", "finite values",
+                    num(wts[n]) + " at " + shape_string({n / k, n % k}));
+  }
+}
+
+void validate_moe_io(const tensor_view& x, const tensor_view& out, const moe_config& cfg) {
+  MXMOE_CHECK_ARG(x.rank() == 2, "x", "a [T, " + std::to_string(cfg.shape.hidden) + "] tensor",
+                  "shape " + shape_string(x.shape));
+  const int64_t t = x.dim(0);
+  MXMOE_CHECK_ARG(t >= 0, "x", "a non-negative token count", std::to_string(t));
+  check_tensor(x, "x", {dtype::bf16, dtype::f32}, {t, cfg.shape.hidden});
+  check_tensor(out, "out", {dtype::f32, dtype::bf16}, {t, cfg.shape.hidden});
+  MXMOE_CHECK_ARG(out.device == x.device, "out", "the same device as x", "a different device");
+}
+
+}  // namespace mxmoe

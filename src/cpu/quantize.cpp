@@ -1,0 +1,213 @@
+// CPU MXFP4 quantize / dequantize along the last dimension (include/mxmoe/quantize.h).
+//
+// Every block goes through mx::quantize_block / mx::dequantize_value and every byte position
+// through layout:: (checkpoint_mxfp4 for the packed codes and linear scales, scale_tiled_128x4
+// for tiled scales): this file holds no format or layout of its own.
+//
+// Work is cut into chunks of whole rows whose size depends only on the shape, never on the thread
+// count; statistics are summed per chunk and merged in chunk order, so the bytes and the
+// statistics are identical for any number of threads.
+#include <algorithm>
+#include <atomic>
+#include <thread>
+#include <vector>
+
+#include "mxmoe/error.h"
+#include "mxmoe/layout.h"
+#include "mxmoe/quantize.h"
+
+namespace mxmoe::cpu {
+namespace {
+
+constexpr int64_t kChunkElements = int64_t{1} << 16;
+
+void check_on_cpu(const tensor_view& v, const char* name) {
+  MXMOE_CHECK_ARG(v.device == device_kind::cpu, name, "a cpu tensor (mxmoe::cpu backend)", "a cuda tensor");
+}
+
+// Where block (b, n, kb) of a [..., rows, K] tensor lives: b is the flattened leading index.
+class block_map {
+ public:
+  block_map(const tensor_view& values, scale_layout layout)
+      : lead_shape_(values.shape.begin(), values.shape.end() - 2), layout_(layout) {
+    rows_ = values.dim(-2);
+    k_ = values.dim(-1);
+    batch_ = 1;
+    for (int64_t d : lead_shape_) batch_ *= d;
+    for (int i = 0; i + 2 < values.rank(); ++i) lead_strides_.push_back(values.stride(i));
+    row_stride_ = values.stride(-2);
+    checkpoint_ = layout::checkpoint_mxfp4{batch_, rows_, k_};
+    tiled_ = layout::scale_tiled_128x4{rows_, k_ / mx::kBlockSize};
+  }
+
+  int64_t batch() const { return batch_; }
+  int64_t rows() const { return rows_; }
+  int64_t total_rows() const { return batch_ * rows_; }
+  int64_t blocks_per_row() const { return k_ / mx::kBlockSize; }
+  const layout::scale_tiled_128x4& tiled() const { return tiled_; }
+
+  // Element offset of (b, n, 0) in the values tensor, honouring its strides.
+  int64_t value_offset(int64_t b, int64_t n) const {
+    int64_t off = n * row_stride_;
+    for (size_t i = lead_shape_.size(); i-- > 0;) {
+      off += (b % lead_shape_[i]) * lead_strides_[i];
+      b /= lead_shape_[i];
+    }
+    return off;
+  }
+  int64_t packed_offset(int64_t b, int64_t n, int64_t kb) const {
+    return checkpoint_.code_offset(b, n, kb * mx::kBlockSize).byte;
+  }
+  int64_t scale_offset(int64_t b, int64_t n, int64_t kb) const {
+    if (layout_ == scale_layout::linear) return checkpoint_.scale_offset(b, n, kb);
+    return b * tiled_.size() + tiled_.offset(n, kb);
+  }
+  int64_t rows_per_chunk() const { return std::max<int64_t>(1, kChunkElements / k_); }
+  int64_t chunks() const { return layout::ceil_div(total_rows(), rows_per_chunk()); }
+
+ private:
+  std::vector<int64_t> lead_shape_, lead_strides_;
+  scale_layout layout_;
+  int64_t rows_ = 0, k_ = 0, batch_ = 0, row_stride_ = 0;
+  layout::checkpoint_mxfp4 checkpoint_;
+  layout::scale_tiled_128x4 tiled_;
+};
+
+// Runs fn(chunk) for every chunk on up to `threads` threads (0: hardware concurrency).
+template <class Fn>
+void for_each_chunk(int64_t chunks, int threads, const Fn& fn) {
+  int64_t n = threads > 0 ? threads : static_cast<int64_t>(std::thread::hardware_concurrency());
+  n = std::clamp<int64_t>(n, 1, std::max<int64_t>(chunks, 1));
+  std::atomic<int64_t> next{0};
+  auto worker = [&] {
+    for (int64_t c = next++; c < chunks; c = next++) fn(c);
+  };
+  std::vector<std::thread> pool;
+  for (int64_t t = 1; t < n; ++t) pool.emplace_back(worker);
+  worker();
+  for (auto& t : pool) t.join();
+}
+
+void load_block(const tensor_view& x, int64_t offset, float* dst) {
+  switch (x.type) {
+    case dtype::bf16: {
+      const uint16_t* p = x.as<const uint16_t>() + offset;
+      for (int i = 0; i < mx::kBlockSize; ++i) dst[i] = bf16_to_float(p[i]);
+      break;
+    }
+    case dtype::f16: {
+      const uint16_t* p = x.as<const uint16_t>() + offset;
+      for (int i = 0; i < mx::kBlockSize; ++i) dst[i] = f16_to_float(p[i]);
+      break;
+    }
+    default: std::copy_n(x.as<const float>() + offset, mx::kBlockSize, dst); break;
+  }
+}
+
+void store_block(const float* src, const tensor_view& out, int64_t offset) {
+  if (out.type == dtype::bf16) {
+    uint16_t* p = out.as<uint16_t>() + offset;
+    for (int i = 0; i < mx::kBlockSize; ++i) p[i] = float_to_bf16(src[i]);
+  } else {
+    std::copy_n(src, mx::kBlockSize, out.as<float>() + offset);
+  }
+}
+
+void add_block_stats(const float* x, const uint8_t* packed, uint8_t scale, const mx::block_stats& bs,
+                     quant_stats& st) {
+  st.elements += mx::kBlockSize;
+  st.blocks += 1;
+  if (bs.nonfinite) {
+    st.nonfinite_blocks += 1;
+    return;
+  }
+  st.saturated_blocks += bs.clamped > 0 ? 1 : 0;
+  st.clamped_elements += bs.clamped;
+  st.flushed_elements += bs.flushed;
+  for (int i = 0; i < mx::kBlockSize; ++i) {
+    const double v = x[i];
+    const double err = v - static_cast<double>(mx::dequantize_value(mx::unpack_e2m1(packed[i >> 1], i), scale));
+    st.signal_sq += v * v;
+    st.error_sq += err * err;
+  }
+}
+
+// Tiled storage pads rows to 128 and scale columns to 4; those bytes are not data and get 0.
+void zero_tiled_padding(const block_map& map, uint8_t* scales) {
+  const layout::scale_tiled_128x4& t = map.tiled();
+  for (int64_t b = 0; b < map.batch(); ++b) {
+    uint8_t* base = scales + b * t.size();
+    for (int64_t m = 0; m < t.padded_rows(); ++m)
+      for (int64_t k = m < t.rows ? t.cols : 0; k < t.padded_cols(); ++k) base[t.offset(m, k)] = 0;
+  }
+}
+
+}  // namespace
+
+quant_stats quantize(const tensor_view& x, mx::scale_rule rule, scale_layout layout, const tensor_view& packed,
+                     const tensor_view& scales, int threads) {
+  validate_mx_tensor(x, packed, scales, layout, "x");
+  check_on_cpu(x, "x");
+  check_on_cpu(packed, "packed");
+  check_on_cpu(scales, "scales");
+
+  const block_map map(x, layout);
+  uint8_t* packed_base = packed.as<uint8_t>();
+  uint8_t* scale_base = scales.as<uint8_t>();
+  const int64_t rows_per_chunk = map.rows_per_chunk();
+  std::vector<quant_stats> chunk_stats(static_cast<size_t>(map.chunks()));
+
+  for_each_chunk(map.chunks(), threads, [&](int64_t c) {
+    quant_stats st;
+    const int64_t end = std::min(map.total_rows(), (c + 1) * rows_per_chunk);
+    float block[mx::kBlockSize];
+    for (int64_t r = c * rows_per_chunk; r < end; ++r) {
+      const int64_t b = r / map.rows(), n = r % map.rows();
+      const int64_t row = map.value_offset(b, n);
+      for (int64_t kb = 0; kb < map.blocks_per_row(); ++kb) {
+        load_block(x, row + kb * mx::kBlockSize, block);
+        uint8_t* codes = packed_base + map.packed_offset(b, n, kb);
+        uint8_t* scale = scale_base + map.scale_offset(b, n, kb);
+        const mx::block_stats bs = mx::quantize_block(block, rule, scale, codes);
+        add_block_stats(block, codes, *scale, bs, st);
+      }
+    }
+    chunk_stats[static_cast<size_t>(c)] = st;
+  });
+
+  if (layout == scale_layout::tiled_128x4) zero_tiled_padding(map, scale_base);
+  quant_stats total;
+  for (const quant_stats& st : chunk_stats) total.merge(st);
+  return total;
+}
+
+void dequantize(const tensor_view& packed, const tensor_view& scales, scale_layout layout, const tensor_view& out,
+                int threads) {
+  validate_mx_tensor(out, packed, scales, layout, "out");
+  check_on_cpu(packed, "packed");
+  check_on_cpu(scales, "scales");
+  check_on_cpu(out, "out");
+
+  const block_map map(out, layout);
+  const uint8_t* packed_base = packed.as<const uint8_t>();
+  const uint8_t* scale_base = scales.as<const uint8_t>();
+  const int64_t rows_per_chunk = map.rows_per_chunk();
+
+  for_each_chunk(map.chunks(), threads, [&](int64_t c) {
+    const int64_t end = std::min(map.total_rows(), (c + 1) * rows_per_chunk);
+    float block[mx::kBlockSize];
+    for (int64_t r = c * rows_per_chunk; r < end; ++r) {
+      const int64_t b = r / map.rows(), n = r % map.rows();
+      const int64_t row = map.value_offset(b, n);
+      for (int64_t kb = 0; kb < map.blocks_per_row(); ++kb) {
+        const uint8_t* codes = packed_base + map.packed_offset(b, n, kb);
+        const uint8_t scale = scale_base[map.scale_offset(b, n, kb)];
+        for (int i = 0; i < mx::kBlockSize; ++i)
+          block[i] = mx::dequantize_value(mx::unpack_e2m1(codes[i >> 1], i), scale);
+        store_block(block, out, row + kb * mx::kBlockSize);
+      }
+    }
+  });
+}
+
+}  // namespace mxmoe::cpu

@@ -1,0 +1,355 @@
+// MoE layers in safetensors checkpoints: detection by name, shape validation, the gpt-oss
+// MXFP4 names, per-expert conversion of BF16 weights to (rows = outputs, K contiguous) float32.
+#include "mxmoe/checkpoint.h"
+
+#include <algorithm>
+#include <cstring>
+#include <nlohmann/json.hpp>
+#include <regex>
+#include <set>
+
+#include "mxmoe/error.h"
+
+namespace mxmoe::checkpoint {
+namespace {
+
+bool is_float_type(dtype t) { return t == dtype::bf16 || t == dtype::f16 || t == dtype::f32; }
+
+float load_float(const uint8_t* base, dtype t, int64_t i) {
+  switch (t) {
+    case dtype::bf16: {
+      uint16_t h;
+      std::memcpy(&h, base + 2 * i, 2);
+      return bf16_to_float(h);
+    }
+    case dtype::f16: {
+      uint16_t h;
+      std::memcpy(&h, base + 2 * i, 2);
+      return f16_to_float(h);
+    }
+    default: {
+      float f;
+      std::memcpy(&f, base + 4 * i, 4);
+      return f;
+    }
+  }
+}
+
+// The entry `name` with a float type (or exactly `type` when given) and `shape`.
+const safetensors_entry& need(const safetensors_reader& file, const std::string& name, const std::vector<int64_t>& shape,
+                              bool want_float, dtype type = dtype::u8) {
+  const safetensors_entry& e = file.entry(name);
+  if (want_float ? !is_float_type(e.type) : e.type != type)
+    throw format_error(file.path(), name, std::string("dtype ") + safetensors_dtype_name(e.type) + ", expected " +
+                                              (want_float ? "BF16, F16 or F32" : safetensors_dtype_name(type)));
+  if (e.shape != shape)
+    throw format_error(file.path(), name, "shape " + shape_string(e.shape) + ", expected " + shape_string(shape));
+  return e;
+}
+
+// Optional tensor: its name when present (and well-formed), else "".
+std::string optional(const safetensors_reader& file, const std::string& name, const std::vector<int64_t>& shape) {
+  if (!file.contains(name)) return {};
+  need(file, name, shape, true);
+  return name;
+}
+
+int64_t dim_of(const safetensors_reader& file, const safetensors_entry& e, int rank, int i) {
+  if (static_cast<int>(e.shape.size()) != rank)
+    throw format_error(file.path(), e.name, "rank " + std::to_string(e.shape.size()) + ", expected " + std::to_string(rank));
+  return e.shape[static_cast<size_t>(i)];
+}
+
+struct candidate {
+  std::string prefix;
+  moe_layout layout;
+  std::set<int64_t> experts;  // per-expert layout: the expert ids seen
+};
+
+void check_positive(const safetensors_reader& file, const std::string& name, const moe_shape& s) {
+  if (s.experts <= 0 || s.hidden <= 0 || s.intermediate <= 0)
+    throw format_error(file.path(), name, "implies an empty layer (E=" + std::to_string(s.experts) + ", H=" +
+                                              std::to_string(s.hidden) + ", I=" + std::to_string(s.intermediate) + ")");
+}
+
+moe_layer_info describe_layer(const safetensors_reader& file, const candidate& c, int64_t layer) {
+  moe_layer_info info;
+  info.layer = layer;
+  info.prefix = c.prefix;
+  info.layout = c.layout;
+  const std::string& p = c.prefix;
+  moe_shape& s = info.shape;
+  if (c.layout == moe_layout::mxfp4_gpt_oss) {
+    const mxfp4_names n = mxfp4_tensor_names(p);
+    const auto& gub = file.entry(n.gate_up_blocks);
+    s.experts = dim_of(file, gub, 4, 0);
+    const int64_t rows = dim_of(file, gub, 4, 1);
+    s.hidden = dim_of(file, gub, 4, 2) * mx::kBlockSize;
+    if (rows % 2 != 0) throw format_error(file.path(), gub.name, "has an odd number of gate/up rows");
+    const auto& db = file.entry(n.down_blocks);
+    s.intermediate = dim_of(file, db, 4, 2) * mx::kBlockSize;
+    check_positive(file, gub.name, s);
+    need(file, n.gate_up_blocks, {s.experts, 2 * s.intermediate, s.hidden / 32, 16}, false, dtype::u8);
+    need(file, n.gate_up_scales, {s.experts, 2 * s.intermediate, s.hidden / 32}, false, dtype::u8);
+    need(file, n.down_blocks, {s.experts, s.hidden, s.intermediate / 32, 16}, false, dtype::u8);
+    need(file, n.down_scales, {s.experts, s.hidden, s.intermediate / 32}, false, dtype::u8);
+    info.weight_type = dtype::u8;
+    info.expert_tensors = {n.gate_up_blocks, n.gate_up_scales, n.down_blocks, n.down_scales};
+  } else if (c.layout == moe_layout::bf16_gpt_oss) {
+    const bf16_names n = bf16_gpt_oss_tensor_names(p);
+    const auto& gu = file.entry(n.gate_up);
+    s.experts = dim_of(file, gu, 3, 0);
+    s.hidden = dim_of(file, gu, 3, 1);
+    if (dim_of(file, gu, 3, 2) % 2 != 0) throw format_error(file.path(), gu.name, "has an odd number of gate/up columns");
+    s.intermediate = dim_of(file, gu, 3, 2) / 2;
+    check_positive(file, gu.name, s);
+    need(file, n.gate_up, {s.experts, s.hidden, 2 * s.intermediate}, true);
+    need(file, n.down, {s.experts, s.intermediate, s.hidden}, true);
+    if (file.entry(n.down).type != gu.type)
+      throw format_error(file.path(), n.down, "dtype differs from " + n.gate_up);
+    info.weight_type = gu.type;
+    info.expert_tensors = {n.gate_up, n.down};
+  } else {
+    // Expert ids must be exactly 0..E-1.
+    s.experts = static_cast<int64_t>(c.experts.size());
+    if (*c.experts.rbegin() != s.experts - 1)
+      throw format_error(file.path(), p + "experts." + std::to_string(*c.experts.rbegin()) + ".gate_proj.weight",
+                         "expert ids are not contiguous from 0 (" + std::to_string(s.experts) + " experts seen)");
+    const std::string e0 = p + "experts.0.";
+    const auto& g0 = file.entry(e0 + "gate_proj.weight");
+    s.intermediate = dim_of(file, g0, 2, 0);
+    s.hidden = dim_of(file, g0, 2, 1);
+    check_positive(file, g0.name, s);
+    info.weight_type = g0.type;
+    for (int64_t e = 0; e < s.experts; ++e) {
+      const std::string ep = p + "experts." + std::to_string(e) + ".";
+      for (const char* part : {"gate_proj.weight", "up_proj.weight", "down_proj.weight"}) {
+        const std::string name = ep + part;
+        const bool down = part[0] == 'd';
+        const auto& t = need(file, name, down ? std::vector<int64_t>{s.hidden, s.intermediate}
+                                              : std::vector<int64_t>{s.intermediate, s.hidden}, true);
+        if (t.type != info.weight_type) throw format_error(file.path(), name, "dtype differs from " + g0.name);
+        info.expert_tensors.push_back(name);
+      }
+    }
+  }
+  info.b13 = optional(file, p + "experts.gate_up_proj_bias", {s.experts, 2 * s.intermediate});
+  info.b2 = optional(file, p + "experts.down_proj_bias", {s.experts, s.hidden});
+  info.router_weight = optional(file, p + "router.weight", {s.experts, s.hidden});
+  if (info.router_weight.empty()) info.router_weight = optional(file, p + "gate.weight", {s.experts, s.hidden});
+  info.router_bias = optional(file, p + "router.bias", {s.experts});
+  info.correction_bias = optional(file, p + "gate.e_score_correction_bias", {s.experts});
+  return info;
+}
+
+}  // namespace
+
+const char* to_string(moe_layout l) {
+  switch (l) {
+    case moe_layout::mxfp4_gpt_oss: return "mxfp4 (gpt-oss)";
+    case moe_layout::bf16_gpt_oss: return "bf16 (gpt-oss fused gate_up)";
+    case moe_layout::bf16_per_expert: return "bf16 (per-expert gate/up/down, Qwen3/DeepSeek)";
+  }
+  return "?";
+}
+
+std::string gpt_oss_prefix(int64_t layer) { return "model.layers." + std::to_string(layer) + ".mlp."; }
+
+mxfp4_names mxfp4_tensor_names(const std::string& p) {
+  return {p + "experts.gate_up_proj_blocks", p + "experts.gate_up_proj_scales", p + "experts.down_proj_blocks",
+          p + "experts.down_proj_scales"};
+}
+
+bf16_names bf16_gpt_oss_tensor_names(const std::string& p) { return {p + "experts.gate_up_proj", p + "experts.down_proj"}; }
+
+layout::checkpoint_mxfp4 gate_up_geometry(const moe_shape& s) { return {s.experts, 2 * s.intermediate, s.hidden}; }
+layout::checkpoint_mxfp4 down_geometry(const moe_shape& s) { return {s.experts, s.hidden, s.intermediate}; }
+
+std::vector<tensor_decl> mxfp4_layer_decls(const std::string& prefix, const moe_shape& s) {
+  const mxfp4_names n = mxfp4_tensor_names(prefix);
+  const auto gu = gate_up_geometry(s), dn = down_geometry(s);
+  return {{n.gate_up_blocks, dtype::u8, {gu.experts, gu.rows, gu.scale_cols(), mx::kPackedBlockBytes}},
+          {n.gate_up_scales, dtype::u8, {gu.experts, gu.rows, gu.scale_cols()}},
+          {n.down_blocks, dtype::u8, {dn.experts, dn.rows, dn.scale_cols(), mx::kPackedBlockBytes}},
+          {n.down_scales, dtype::u8, {dn.experts, dn.rows, dn.scale_cols()}}};
+}
+
+std::vector<moe_layer_info> find_moe_layers(const safetensors_reader& file) {
+  static const std::regex kFused(R"(^(.*layers\.(\d+)\.mlp\.)experts\.gate_up_proj(_blocks)?$)");
+  static const std::regex kPerExpert(R"(^(.*layers\.(\d+)\.mlp\.)experts\.(\d+)\.(gate_proj|up_proj|down_proj)\.weight$)");
+  std::map<int64_t, candidate> found;
+  auto add = [&](const std::string& name, const std::string& prefix, const std::string& layer_text, moe_layout l) {
+    const int64_t layer = layer_text.size() > 9 ? -1 : std::stoll(layer_text);
+    if (layer < 0) throw format_error(file.path(), name, "layer index out of range");
+    auto [it, fresh] = found.try_emplace(layer, candidate{prefix, l, {}});
+    if (!fresh && (it->second.prefix != prefix || it->second.layout != l))
+      throw format_error(file.path(), name, "layer " + layer_text + " has experts in two layouts or under two prefixes");
+    return &it->second;
+  };
+  std::smatch m;
+  for (const auto& e : file.entries()) {
+    if (e.name.find("experts.") == std::string::npos) continue;
+    if (std::regex_match(e.name, m, kFused)) {
+      add(e.name, m[1], m[2], m[3].matched ? moe_layout::mxfp4_gpt_oss : moe_layout::bf16_gpt_oss);
+    } else if (std::regex_match(e.name, m, kPerExpert)) {
+      candidate* c = add(e.name, m[1], m[2], moe_layout::bf16_per_expert);
+      if (m[3].length() > 6) throw format_error(file.path(), e.name, "expert index out of range");
+      c->experts.insert(std::stoll(m[3]));
+    }
+  }
+  std::vector<moe_layer_info> layers;
+  for (const auto& [layer, c] : found) layers.push_back(describe_layer(file, c, layer));
+  return layers;
+}
+
+moe_layer_info find_moe_layer(const safetensors_reader& file, int64_t layer) {
+  std::string have;
+  for (auto& info : find_moe_layers(file)) {
+    if (info.layer == layer) return info;
+    have += (have.empty() ? "" : ", ") + std::to_string(info.layer);
+  }
+  MXMOE_CHECK_ARG(false, "layer", have.empty() ? std::string("a file with MoE layers") : "one of " + have,
+                  std::to_string(layer) + " in " + file.path());
+  return {};
+}
+
+std::string config_to_json(const moe_config& c) {
+  nlohmann::json j = {{"routing", to_string(c.routing.kind)},
+                      {"top_k", c.routing.top_k},
+                      {"renormalize", c.routing.renormalize},
+                      {"n_group", c.routing.n_group},
+                      {"topk_group", c.routing.topk_group},
+                      {"routed_scaling_factor", c.routing.routed_scaling_factor},
+                      {"activation", to_string(c.activation.kind)},
+                      {"alpha", c.activation.alpha},
+                      {"limit", c.activation.limit},
+                      {"gate_up", layout::to_string(c.gate_up)}};
+  return j.dump();
+}
+
+moe_config config_from_json(const std::string& text, const moe_shape& shape) {
+  moe_config c;
+  c.shape = shape;
+  c.gate_up = layout::gate_up_order::interleaved;
+  try {
+    const auto j = nlohmann::json::parse(text);
+    const std::string routing = j.at("routing").get<std::string>();
+    if (routing == "softmax_topk") c.routing.kind = routing_kind::softmax_topk;
+    else if (routing == "topk_softmax") c.routing.kind = routing_kind::topk_softmax;
+    else if (routing == "sigmoid_grouped_topk") c.routing.kind = routing_kind::sigmoid_grouped_topk;
+    else throw std::runtime_error("unknown routing '" + routing + "'");
+    c.routing.top_k = j.at("top_k").get<int>();
+    c.routing.renormalize = j.value("renormalize", true);
+    c.routing.n_group = j.value("n_group", 1);
+    c.routing.topk_group = j.value("topk_group", 1);
+    c.routing.routed_scaling_factor = j.value("routed_scaling_factor", 1.0f);
+    const std::string act = j.at("activation").get<std::string>();
+    if (act == "silu_mul") c.activation.kind = activation_kind::silu_mul;
+    else if (act == "swiglu_clamped") c.activation.kind = activation_kind::swiglu_clamped;
+    else throw std::runtime_error("unknown activation '" + act + "'");
+    c.activation.alpha = j.value("alpha", 1.702f);
+    c.activation.limit = j.value("limit", 7.0f);
+    if (j.value("gate_up", std::string("interleaved")) == "concatenated") c.gate_up = layout::gate_up_order::concatenated;
+  } catch (const std::exception& e) {
+    MXMOE_CHECK_ARG(false, "mxmoe.moe_config", "a JSON MoE configuration (routing, top_k, activation, ...)",
+                    std::string("'") + text.substr(0, 200) + "' (" + e.what() + ")");
+  }
+  return c;
+}
+
+moe_config layer_config(const safetensors_reader& file, const moe_layer_info& info) {
+  const auto it = file.metadata().find("mxmoe.moe_config");
+  if (it != file.metadata().end()) return config_from_json(it->second, info.shape);
+  moe_config c;
+  c.shape = info.shape;
+  c.gate_up = layout::gate_up_order::interleaved;
+  const auto k = [&](int want) { return static_cast<int>(std::min<int64_t>(want, info.shape.experts)); };
+  if (info.layout != moe_layout::bf16_per_expert) {
+    c.routing = {routing_kind::topk_softmax, k(4), false, 1, 1, 1.0f};
+    c.activation.kind = activation_kind::swiglu_clamped;
+  } else if (!info.correction_bias.empty()) {
+    const bool v3_groups = info.shape.experts % 8 == 0;
+    c.routing = {routing_kind::sigmoid_grouped_topk, k(8), true, v3_groups ? 8 : 1, v3_groups ? 4 : 1, 2.5f};
+    if (c.routing.top_k > c.routing.topk_group * info.shape.experts / c.routing.n_group) c.routing.n_group = c.routing.topk_group = 1;
+  } else {
+    c.routing = {routing_kind::softmax_topk, k(8), true, 1, 1, 1.0f};
+  }
+  return c;
+}
+
+moe_weights mxfp4_weights(const safetensors_reader& file, const moe_layer_info& info) {
+  MXMOE_CHECK_ARG(info.layout == moe_layout::mxfp4_gpt_oss, "checkpoint", "an MXFP4 layer",
+                  std::string("a layer in layout ") + to_string(info.layout) + " (run `mxmoe quantize` first)");
+  const mxfp4_names n = mxfp4_tensor_names(info.prefix);
+  moe_weights w;
+  w.format = weight_format::mxfp4;
+  w.w13_blocks = file.tensor(n.gate_up_blocks);
+  w.w13_scales = file.tensor(n.gate_up_scales);
+  w.w2_blocks = file.tensor(n.down_blocks);
+  w.w2_scales = file.tensor(n.down_scales);
+  if (!info.b13.empty()) w.b13 = file.tensor(info.b13);
+  if (!info.b2.empty()) w.b2 = file.tensor(info.b2);
+  if (!info.router_weight.empty()) w.router_weight = file.tensor(info.router_weight);
+  if (!info.router_bias.empty()) w.router_bias = file.tensor(info.router_bias);
+  if (!info.correction_bias.empty()) w.correction_bias = file.tensor(info.correction_bias);
+  return w;
+}
+
+void read_expert_f32(const safetensors_reader& file, const moe_layer_info& info, int64_t expert, std::vector<float>& w13,
+                     std::vector<float>& w2) {
+  MXMOE_CHECK_ARG(info.layout != moe_layout::mxfp4_gpt_oss, "checkpoint", "a BF16 layer", "an MXFP4 layer");
+  MXMOE_CHECK_ARG(expert >= 0 && expert < info.shape.experts, "expert",
+                  "in [0, " + std::to_string(info.shape.experts) + ")", std::to_string(expert));
+  const int64_t H = info.shape.hidden, I = info.shape.intermediate;
+  const dtype t = info.weight_type;
+  const layout::gate_up_rows rows{I, layout::gate_up_order::interleaved};
+  w13.resize(static_cast<size_t>(2 * I * H));
+  w2.resize(static_cast<size_t>(H * I));
+  if (info.layout == moe_layout::bf16_gpt_oss) {
+    // gate_up_proj[e] is [H, 2I] (x·W form) with interleaved columns: column c is checkpoint row c.
+    const bf16_names n = bf16_gpt_oss_tensor_names(info.prefix);
+    const uint8_t* gu = file.bytes(file.entry(n.gate_up)).data() + expert * H * 2 * I * dtype_size(t);
+    const uint8_t* dn = file.bytes(file.entry(n.down)).data() + expert * I * H * dtype_size(t);
+    for (int64_t h = 0; h < H; ++h)
+      for (int64_t c = 0; c < 2 * I; ++c) w13[static_cast<size_t>(c * H + h)] = load_float(gu, t, h * 2 * I + c);
+    for (int64_t i = 0; i < I; ++i)
+      for (int64_t h = 0; h < H; ++h) w2[static_cast<size_t>(h * I + i)] = load_float(dn, t, i * H + h);
+    return;
+  }
+  const std::string ep = info.prefix + "experts." + std::to_string(expert) + ".";
+  const uint8_t* gate = file.bytes(file.entry(ep + "gate_proj.weight")).data();
+  const uint8_t* up = file.bytes(file.entry(ep + "up_proj.weight")).data();
+  const uint8_t* down = file.bytes(file.entry(ep + "down_proj.weight")).data();
+  for (int64_t j = 0; j < I; ++j)
+    for (int is_up = 0; is_up < 2; ++is_up) {
+      float* dst = w13.data() + rows.checkpoint_row(j, is_up) * H;
+      const uint8_t* src = is_up ? up : gate;
+      for (int64_t h = 0; h < H; ++h) dst[h] = load_float(src, t, j * H + h);
+    }
+  for (int64_t i = 0; i < H * I; ++i) w2[static_cast<size_t>(i)] = load_float(down, t, i);
+}
+
+moe_weights bf16_weights(const safetensors_reader& file, const moe_layer_info& info, std::vector<uint16_t>& w13,
+                         std::vector<uint16_t>& w2) {
+  const int64_t E = info.shape.experts, H = info.shape.hidden, I = info.shape.intermediate;
+  w13.resize(static_cast<size_t>(E * 2 * I * H));
+  w2.resize(static_cast<size_t>(E * H * I));
+  std::vector<float> f13, f2;
+  for (int64_t e = 0; e < E; ++e) {
+    read_expert_f32(file, info, e, f13, f2);
+    std::transform(f13.begin(), f13.end(), w13.begin() + e * 2 * I * H, float_to_bf16);
+    std::transform(f2.begin(), f2.end(), w2.begin() + e * H * I, float_to_bf16);
+  }
+  moe_weights w;
+  w.format = weight_format::bf16;
+  w.w13 = tensor_view(w13.data(), dtype::bf16, {E, 2 * I, H});
+  w.w2 = tensor_view(w2.data(), dtype::bf16, {E, H, I});
+  if (!info.b13.empty()) w.b13 = file.tensor(info.b13);
+  if (!info.b2.empty()) w.b2 = file.tensor(info.b2);
+  if (!info.router_weight.empty()) w.router_weight = file.tensor(info.router_weight);
+  if (!info.router_bias.empty()) w.router_bias = file.tensor(info.router_bias);
+  if (!info.correction_bias.empty()) w.correction_bias = file.tensor(info.correction_bias);
+  return w;
+}
+
+}  // namespace mxmoe::checkpoint

@@ -1,0 +1,355 @@
+// Tests of include/mxmoe/layout.h: for every layout, on odd shapes, the inverse undoes every
+// offset and the map is a bijection onto its storage (each slot hit once; padding slots are
+// exactly those whose inverse returns false). A few offsets are pinned as literal numbers worked
+// out by hand from BRIEF §3 and the PTX mma.m16n8k16 A-fragment description, so that a change of
+// formula fails here even if it stays self-consistent.
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <random>
+#include <vector>
+
+#include "mxmoe/dtype.h"
+#include "mxmoe/layout.h"
+#include "mxmoe/mx.h"
+
+namespace layout = mxmoe::layout;
+namespace mx = mxmoe::mx;
+
+namespace {
+
+const int64_t kRows[] = {1, 31, 127, 129, 200, 257};
+const int64_t kScaleCols[] = {1, 3, 5, 7, 90};
+const int64_t kCols[] = {32, 96, 2880};
+
+// Marks storage slots, failing on a slot hit twice.
+class slot_tracker {
+ public:
+  explicit slot_tracker(int64_t slots) : hit_(static_cast<size_t>(slots), 0) {}
+  ::testing::AssertionResult hit(int64_t slot) {
+    if (slot < 0 || slot >= static_cast<int64_t>(hit_.size()))
+      return ::testing::AssertionFailure() << "slot " << slot << " outside storage of " << hit_.size();
+    if (hit_[static_cast<size_t>(slot)]++)
+      return ::testing::AssertionFailure() << "slot " << slot << " hit twice";
+    return ::testing::AssertionSuccess();
+  }
+  bool was_hit(int64_t slot) const { return hit_[static_cast<size_t>(slot)] != 0; }
+  int64_t slots() const { return static_cast<int64_t>(hit_.size()); }
+
+ private:
+  std::vector<uint8_t> hit_;
+};
+
+// ---- scale_linear ---------------------------------------------------------------------------
+
+TEST(ScaleLinear, BijectionAndInverse) {
+  for (int64_t rows : kRows)
+    for (int64_t cols : kScaleCols) {
+      const layout::scale_linear s{rows, cols};
+      ASSERT_EQ(s.size(), rows * cols);
+      slot_tracker slots(s.size());
+      for (int64_t m = 0; m < rows; ++m)
+        for (int64_t k = 0; k < cols; ++k) {
+          const int64_t off = s.offset(m, k);
+          ASSERT_TRUE(slots.hit(off));
+          int64_t m2 = -1, k2 = -1;
+          s.coord(off, &m2, &k2);
+          ASSERT_EQ(m2, m);
+          ASSERT_EQ(k2, k);
+        }
+      for (int64_t off = 0; off < s.size(); ++off) ASSERT_TRUE(slots.was_hit(off));
+    }
+}
+
+// ---- scale_tiled_128x4 ----------------------------------------------------------------------
+
+TEST(ScaleTiled128x4, BijectionAndInverseWithPadding) {
+  for (int64_t rows : kRows)
+    for (int64_t cols : kScaleCols) {
+      SCOPED_TRACE(testing::Message() << "rows " << rows << " cols " << cols);
+      const layout::scale_tiled_128x4 s{rows, cols};
+      ASSERT_EQ(s.padded_rows() % 128, 0);
+      ASSERT_EQ(s.padded_cols() % 4, 0);
+      ASSERT_GE(s.padded_rows(), rows);
+      ASSERT_LT(s.padded_rows() - rows, 128);
+      ASSERT_LT(s.padded_cols() - cols, 4);
+      ASSERT_EQ(s.size(), s.padded_rows() * s.padded_cols());
+      slot_tracker slots(s.size());
+      for (int64_t m = 0; m < rows; ++m)
+        for (int64_t k = 0; k < cols; ++k) {
+          const int64_t off = s.offset(m, k);
+          ASSERT_TRUE(slots.hit(off));
+          int64_t m2 = -1, k2 = -1;
+          ASSERT_TRUE(s.coord(off, &m2, &k2));
+          ASSERT_EQ(m2, m);
+          ASSERT_EQ(k2, k);
+        }
+      int64_t padding = 0;
+      for (int64_t off = 0; off < s.size(); ++off) {
+        int64_t m = -1, k = -1;
+        const bool data = s.coord(off, &m, &k);
+        ASSERT_EQ(data, slots.was_hit(off)) << "offset " << off;
+        if (!data) {
+          ++padding;
+          // Padding coordinates lie in the padded region and map back to the same slot.
+          ASSERT_TRUE(m >= rows || k >= cols);
+          ASSERT_LT(m, s.padded_rows());
+          ASSERT_LT(k, s.padded_cols());
+          ASSERT_EQ(s.offset(m, k), off);
+        }
+      }
+      EXPECT_EQ(padding, s.size() - rows * cols);
+    }
+}
+
+TEST(ScaleTiled128x4, PinnedOffsets) {
+  // rows 200, cols 7: 2 row tiles, 2 column tiles, 2 * 2 * 512 = 2048 bytes.
+  const layout::scale_tiled_128x4 s{200, 7};
+  EXPECT_EQ(s.size(), 2048);
+  // (130, 5): (130/128)*2*512 = 1024, (5/4)*512 = 512, (130%32)*16 = 32, ((130%128)/32)*4 = 0,
+  // 5%4 = 1  ->  1569
+  EXPECT_EQ(s.offset(130, 5), 1569);
+  // (77, 2): 0 + 0 + 13*16 + 2*4 + 2 = 218
+  EXPECT_EQ(s.offset(77, 2), 218);
+  // (199, 6): 1024 + 512 + 7*16 + 2*4 + 2 = 1658
+  EXPECT_EQ(s.offset(199, 6), 1658);
+  // rows 300, cols 90: 23 column tiles. (257, 89): 2*23*512 = 23552, 22*512 = 11264, 1*16, 0, 1
+  EXPECT_EQ((layout::scale_tiled_128x4{300, 90}.offset(257, 89)), 34833);
+}
+
+// ---- checkpoint_mxfp4 -----------------------------------------------------------------------
+
+TEST(CheckpointMxfp4, BijectionAndInverse) {
+  for (int64_t rows : kRows)
+    for (int64_t cols : kCols) {
+      SCOPED_TRACE(testing::Message() << "rows " << rows << " K " << cols);
+      const layout::checkpoint_mxfp4 c{3, rows, cols};
+      ASSERT_EQ(c.block_bytes(), 3 * rows * cols / 2);
+      ASSERT_EQ(c.scale_bytes(), 3 * rows * cols / 32);
+      slot_tracker codes(c.block_bytes() * 2), scales(c.scale_bytes());
+      for (int64_t e = 0; e < 3; ++e)
+        for (int64_t n = 0; n < rows; ++n) {
+          for (int64_t k = 0; k < cols; ++k) {
+            const layout::nibble_pos p = c.code_offset(e, n, k);
+            ASSERT_TRUE(codes.hit(p.byte * 2 + p.high));
+            int64_t e2 = -1, n2 = -1, k2 = -1;
+            c.code_coord(p, &e2, &n2, &k2);
+            ASSERT_EQ(e2, e);
+            ASSERT_EQ(n2, n);
+            ASSERT_EQ(k2, k);
+          }
+          for (int64_t kb = 0; kb < cols / 32; ++kb) {
+            const int64_t off = c.scale_offset(e, n, kb);
+            ASSERT_TRUE(scales.hit(off));
+            int64_t e2 = -1, n2 = -1, kb2 = -1;
+            c.scale_coord(off, &e2, &n2, &kb2);
+            ASSERT_EQ(e2, e);
+            ASSERT_EQ(n2, n);
+            ASSERT_EQ(kb2, kb);
+          }
+        }
+      for (int64_t s = 0; s < codes.slots(); ++s) ASSERT_TRUE(codes.was_hit(s));
+      for (int64_t s = 0; s < scales.slots(); ++s) ASSERT_TRUE(scales.was_hit(s));
+    }
+}
+
+TEST(CheckpointMxfp4, PinnedOffsets) {
+  // 2 experts, 3 rows, K = 64: 32 bytes and 2 scales per row.
+  const layout::checkpoint_mxfp4 c{2, 3, 64};
+  // (e 1, n 2, k 5): row (1*3 + 2) = 5 -> byte 5*32 + 5/2 = 162, odd k -> high nibble
+  EXPECT_EQ(c.code_offset(1, 2, 5).byte, 162);
+  EXPECT_EQ(c.code_offset(1, 2, 5).high, 1);
+  EXPECT_EQ(c.code_offset(1, 2, 4).high, 0);
+  // (e 1, n 2, kb 1): 5*2 + 1 = 11
+  EXPECT_EQ(c.scale_offset(1, 2, 1), 11);
+}
+
+// ---- sm90_fragment --------------------------------------------------------------------------
+
+TEST(Sm90Fragment, CodeBijectionAndInverse) {
+  for (int64_t rows : kRows)
+    for (int64_t cols : kCols) {
+      SCOPED_TRACE(testing::Message() << "rows " << rows << " K " << cols);
+      const layout::sm90_fragment f{rows, cols};
+      ASSERT_EQ(f.weight_bytes(), layout::ceil_div(rows, 16) * layout::ceil_div(cols, 64) * 512);
+      slot_tracker slots(f.weight_bytes() * 2);
+      for (int64_t n = 0; n < rows; ++n)
+        for (int64_t k = 0; k < cols; ++k) {
+          const layout::nibble_pos p = f.code_offset(n, k);
+          ASSERT_TRUE(slots.hit(p.byte * 2 + p.high)) << n << "," << k;
+          int64_t n2 = -1, k2 = -1;
+          ASSERT_TRUE(f.code_coord(p, &n2, &k2));
+          ASSERT_EQ(n2, n);
+          ASSERT_EQ(k2, k);
+        }
+      for (int64_t s = 0; s < slots.slots(); ++s) {
+        int64_t n = -1, k = -1;
+        const layout::nibble_pos p{s / 2, static_cast<int>(s % 2)};
+        const bool data = f.code_coord(p, &n, &k);
+        ASSERT_EQ(data, slots.was_hit(s)) << "slot " << s;
+        if (!data) {  // padding: inside the padded tile grid, and maps back to this slot
+          ASSERT_TRUE(n >= rows || k >= cols);
+          const layout::nibble_pos back = f.code_offset(n, k);
+          ASSERT_EQ(back.byte, p.byte);
+          ASSERT_EQ(back.high, p.high);
+        }
+      }
+    }
+}
+
+TEST(Sm90Fragment, ScaleBijectionAndInverse) {
+  for (int64_t rows : kRows)
+    for (int64_t cols : kCols) {
+      SCOPED_TRACE(testing::Message() << "rows " << rows << " K " << cols);
+      const layout::sm90_fragment f{rows, cols};
+      const int64_t scale_cols = cols / 32;
+      slot_tracker slots(f.scale_bytes());
+      for (int64_t n = 0; n < rows; ++n)
+        for (int64_t kb = 0; kb < scale_cols; ++kb) {
+          const int64_t off = f.scale_offset(n, kb);
+          ASSERT_TRUE(slots.hit(off));
+          int64_t n2 = -1, kb2 = -1;
+          ASSERT_TRUE(f.scale_coord(off, &n2, &kb2));
+          ASSERT_EQ(n2, n);
+          ASSERT_EQ(kb2, kb);
+        }
+      for (int64_t off = 0; off < f.scale_bytes(); ++off) {
+        int64_t n = -1, kb = -1;
+        const bool data = f.scale_coord(off, &n, &kb);
+        ASSERT_EQ(data, slots.was_hit(off)) << "offset " << off;
+        if (!data) {
+          ASSERT_TRUE(n >= rows || kb >= scale_cols);
+          ASSERT_EQ(f.scale_offset(n, kb), off);
+        }
+      }
+    }
+}
+
+// The PTX ISA's mma.m16n8k16 A fragment (bf16): lane L, g = L/4, t = L%4 holds four .b32
+// registers a0 = A[g][2t..2t+1], a1 = A[g+8][2t..2t+1], a2 = A[g][2t+8..2t+9],
+// a3 = A[g+8][2t+8..2t+9]. layout.h stores lane L's k16 step j as the u32 word at tile byte
+// 16L + 4j with register r's two elements in nibbles r and r+4.
+TEST(Sm90Fragment, MatchesTheMmaAFragment) {
+  const layout::sm90_fragment f{32, 128};  // 2 x 2 tiles
+  // Literal positions, worked by hand:
+  // (n 9, k 19): tile 0; row 9 = g 1 + 8 -> a1 or a3; k 19 = step 1, column 3 = 2t+1 with t = 1
+  // -> a1, second element -> nibble 1 + 4 = 5 -> byte 2 high; lane 1*4 + 1 = 5 -> 5*16 + 1*4 + 2 = 86
+  EXPECT_EQ(f.code_offset(9, 19).byte, 86);
+  EXPECT_EQ(f.code_offset(9, 19).high, 1);
+  // (n 20, k 75): tile (1, 1) = 3 -> 1536; row 4 = g 4; k 11 in step 0 = 2t+8+1 with t = 1 -> a2,
+  // second element -> nibble 6 -> byte 3 low; lane 17 -> 1536 + 272 + 0 + 3 = 1811
+  EXPECT_EQ(f.code_offset(20, 75).byte, 1811);
+  EXPECT_EQ(f.code_offset(20, 75).high, 0);
+  // (n 0, k 0): lane 0, a0 first element -> byte 0 low
+  EXPECT_EQ(f.code_offset(0, 0).byte, 0);
+  EXPECT_EQ(f.code_offset(0, 0).high, 0);
+  // (n 15, k 63): tile 0, g 7 t 3 -> lane 31, step 3, a3 second element (nibble 7) -> 496 + 12 + 3
+  EXPECT_EQ(f.code_offset(15, 63).byte, 511);
+  EXPECT_EQ(f.code_offset(15, 63).high, 1);
+
+  // Every position of a tile, from the fragment description.
+  for (int lane = 0; lane < 32; ++lane)
+    for (int step = 0; step < 4; ++step)
+      for (int reg = 0; reg < 4; ++reg)
+        for (int half = 0; half < 2; ++half) {
+          const int g = lane / 4, t = lane % 4;
+          const int64_t row = g + 8 * (reg % 2), col = 16 * step + 2 * t + 8 * (reg / 2) + half;
+          const int nibble = reg + 4 * half;
+          const layout::nibble_pos p = f.code_offset(16 + row, 64 + col);  // tile 3
+          EXPECT_EQ(p.byte, 3 * 512 + 16 * lane + 4 * step + nibble / 2) << lane << " " << step << " " << reg;
+          EXPECT_EQ(p.high, nibble % 2);
+        }
+  // Scales: lane L reads the u32 at tile byte 4g = bytes (g, kb0), (g+8, kb0), (g, kb1), (g+8, kb1).
+  // (n 9, kb 3): tile 1 -> 32; g 1 -> 4; (g+8, kb1) is byte 3 -> 39
+  EXPECT_EQ(f.scale_offset(9, 3), 39);
+  for (int g = 0; g < 8; ++g)
+    for (int i = 0; i < 4; ++i) EXPECT_EQ(f.scale_offset(16 + g + 8 * (i % 2), 2 + i / 2), 3 * 32 + 4 * g + i);
+}
+
+// End to end with the kernels' conversion: codes placed with code_offset, read back per lane and
+// register with mx::e2m1x2_to_bf16x2_pow2m126, give A[row][col] (low) and A[row][col+1] (high).
+TEST(Sm90Fragment, FastConversionReadsTheFragment) {
+  const int64_t rows = 40, cols = 160;  // partial row and column tiles
+  const layout::sm90_fragment f{rows, cols};
+  std::mt19937 gen(2);
+  std::vector<uint8_t> codes(static_cast<size_t>(rows * cols));
+  std::vector<uint8_t> storage(static_cast<size_t>(f.weight_bytes()), 0);
+  for (int64_t n = 0; n < rows; ++n)
+    for (int64_t k = 0; k < cols; ++k) {
+      const uint8_t c = static_cast<uint8_t>(gen() & 0xF);
+      codes[static_cast<size_t>(n * cols + k)] = c;
+      const layout::nibble_pos p = f.code_offset(n, k);
+      storage[static_cast<size_t>(p.byte)] |= static_cast<uint8_t>(c << (4 * p.high));
+    }
+  for (int64_t tile = 0; tile < f.row_tiles() * f.col_tiles(); ++tile)
+    for (int lane = 0; lane < 32; ++lane)
+      for (int step = 0; step < 4; ++step) {
+        const size_t at = static_cast<size_t>(tile * 512 + 16 * lane + 4 * step);
+        const uint32_t word = storage[at] | (storage[at + 1] << 8) | (storage[at + 2] << 16) |
+                              (static_cast<uint32_t>(storage[at + 3]) << 24);
+        for (int reg = 0; reg < 4; ++reg) {
+          const uint32_t pair = mx::e2m1x2_to_bf16x2_pow2m126(word, 4 * reg);
+          const int64_t row = (tile / f.col_tiles()) * 16 + lane / 4 + 8 * (reg % 2);
+          const int64_t col = (tile % f.col_tiles()) * 64 + 16 * step + 2 * (lane % 4) + 8 * (reg / 2);
+          for (int half = 0; half < 2; ++half) {
+            if (row >= rows || col + half >= cols) continue;
+            const uint8_t c = codes[static_cast<size_t>(row * cols + col + half)];
+            const float got = mxmoe::bf16_to_float(static_cast<uint16_t>(pair >> (16 * half))) *
+                              mxmoe::bf16_to_float(mx::kBf16Pow2_126);
+            ASSERT_EQ(got, mx::e2m1_to_float(c)) << row << "," << col + half;
+          }
+        }
+      }
+}
+
+// ---- gate_up_rows ---------------------------------------------------------------------------
+
+TEST(GateUpRows, BijectionAndInverseBothOrders) {
+  for (layout::gate_up_order order : {layout::gate_up_order::concatenated, layout::gate_up_order::interleaved})
+    for (int64_t inter : {1, 7, 8, 9, 31, 100, 360, 2880}) {
+      SCOPED_TRACE(testing::Message() << layout::to_string(order) << " I " << inter);
+      const layout::gate_up_rows g{inter, order};
+      const int64_t kernel_rows = layout::round_up(inter, 8) * 2;
+      slot_tracker checkpoint(2 * inter), kernel(kernel_rows);
+      for (int64_t j = 0; j < inter; ++j)
+        for (int up = 0; up < 2; ++up) {
+          const int64_t c = g.checkpoint_row(j, up), k = g.kernel_row(j, up);
+          ASSERT_TRUE(checkpoint.hit(c));
+          ASSERT_TRUE(kernel.hit(k));
+          int64_t j2 = -1;
+          int up2 = -1;
+          g.split_checkpoint_row(c, &j2, &up2);
+          ASSERT_EQ(j2, j);
+          ASSERT_EQ(up2, up);
+          g.split_kernel_row(k, &j2, &up2);
+          ASSERT_EQ(j2, j);
+          ASSERT_EQ(up2, up);
+          ASSERT_EQ(g.kernel_to_checkpoint(k), c);
+          ASSERT_EQ(g.checkpoint_to_kernel(c), k);
+          // An mma thread's accumulator rows g and g+8 of one 16-row tile: gate and up of output j.
+          if (up == 0) {
+            ASSERT_EQ(g.kernel_row(j, 1), k + 8);
+          }
+        }
+      for (int64_t r = 0; r < 2 * inter; ++r) ASSERT_TRUE(checkpoint.was_hit(r));
+      for (int64_t r = 0; r < kernel_rows; ++r) {
+        int64_t j = -1;
+        int up = -1;
+        g.split_kernel_row(r, &j, &up);
+        ASSERT_EQ(j < inter, kernel.was_hit(r)) << "kernel row " << r << " (padding iff j >= I)";
+      }
+    }
+}
+
+TEST(GateUpRows, PinnedRows) {
+  const layout::gate_up_rows inter{10, layout::gate_up_order::interleaved};
+  const layout::gate_up_rows concat{10, layout::gate_up_order::concatenated};
+  EXPECT_EQ(inter.checkpoint_row(3, 1), 7);    // gpt-oss: row 2j+1 is up j
+  EXPECT_EQ(concat.checkpoint_row(3, 1), 13);  // [gate; up]: I + j
+  EXPECT_EQ(inter.kernel_row(9, 1), 25);       // tile 1 (outputs 8..15), up half, row 8 + 1
+  EXPECT_EQ(inter.kernel_row(3, 0), 3);
+  EXPECT_EQ(inter.kernel_to_checkpoint(11), 7);   // kernel row 11 = up of output 3
+  EXPECT_EQ(concat.kernel_to_checkpoint(11), 13);
+}
+
+}  // namespace
