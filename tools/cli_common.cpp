@@ -11,6 +11,8 @@
 
 namespace mxmoe::cli {
 
+void set_details(CLI::App* cmd, const std::string& text) { cmd->footer(text + "\n\n" + kExitCodeHelp); }
+
 void add_device_option(CLI::App* cmd, device_request* target) {
   const std::map<std::string, device_request> names{
       {"auto", device_request::automatic}, {"cpu", device_request::cpu}, {"cuda", device_request::cuda}};
@@ -18,7 +20,7 @@ void add_device_option(CLI::App* cmd, device_request* target) {
                   "auto (cuda when an sm_90 GPU is usable, else cpu, and says why), cpu, or cuda (an error "
                   "with exit code 3 when no GPU is usable)")
       ->transform(CLI::CheckedTransformer(names, CLI::ignore_case))
-      ->default_str("auto");
+      ->option_text("auto|cpu|cuda (default auto)");
 }
 
 CLI::Option* add_rule_option(CLI::App* cmd, mx::scale_rule* target) {
@@ -28,7 +30,8 @@ CLI::Option* add_rule_option(CLI::App* cmd, mx::scale_rule* target) {
       ->add_option("--rule", *target,
                    "E8M0 scale rule: floor (OCP MX v1.0; saturates ~41% of blocks), even (0.75 round-up: "
                    "the fixed vLLM kernel), rceil (never saturates), mse (per block, least squared error)")
-      ->transform(CLI::CheckedTransformer(names, CLI::ignore_case));
+      ->transform(CLI::CheckedTransformer(names, CLI::ignore_case))
+      ->option_text("floor|even|rceil|mse");
 }
 
 backend_choice choose_backend(device_request request) {

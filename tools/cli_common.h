@@ -27,6 +27,10 @@ inline constexpr const char* kExitCodeHelp =
     "an existing output without --force); 3 backend unavailable (--device cuda without an sm_90 GPU); "
     "4 I/O error; 5 internal error.";
 
+// The long help of a subcommand (shown by `mxmoe CMD --help`, after the options), followed by
+// the exit codes.
+void set_details(CLI::App* cmd, const std::string& text);
+
 enum class device_request { automatic, cpu, cuda };
 
 // Adds `--device auto|cpu|cuda` to `cmd`.

@@ -192,7 +192,7 @@ int run_demo(const demo_args& a) {
 command add_demo_command(CLI::App& root) {
   auto a = std::make_shared<demo_args>();
   CLI::App* cmd = root.add_subcommand("demo", "The tour: quantize an embedded MoE layer with every rule, compare, run, verify");
-  cmd->description(
+  set_details(cmd,
       "Generates (deterministically, from --seed) a small gpt-oss-style BF16 MoE checkpoint (8 experts, H=512, "
       "I=256, top-4, biases, clamped SwiGLU), quantizes it to MXFP4 with each scale rule (floor, even, rceil, mse) "
       "through the same code as `mxmoe quantize`, and prints a table: weight SQNR, saturated blocks, flushed "
@@ -206,7 +206,6 @@ command add_demo_command(CLI::App& root) {
   cmd->add_option("--keep", a->keep, "write the checkpoints into this directory and keep them");
   add_device_option(cmd, &a->device);
   cmd->add_flag("--json", a->json, "print the results as JSON on stdout");
-  cmd->footer(kExitCodeHelp);
   return {cmd, [a] { return run_demo(*a); }};
 }
 

@@ -199,7 +199,7 @@ int run_inspect(const inspect_args& a) {
 command add_inspect_command(CLI::App& root) {
   auto a = std::make_shared<inspect_args>();
   CLI::App* cmd = root.add_subcommand("inspect", "List tensors, MoE layers and MXFP4 scale statistics of a safetensors file");
-  cmd->description(
+  set_details(cmd,
       "Lists every tensor (name, dtype, shape, size), the MoE layers found and their layout. For MXFP4 layers, per "
       "weight: the scale-byte histogram, 0xFF (NaN) scales, the distribution of each block's largest |value| "
       "(in units of its scale) and the scale rules the data is consistent with.\n"
@@ -216,7 +216,6 @@ command add_inspect_command(CLI::App& root) {
   cmd->add_option("--source", a->source, "the BF16 checkpoint FILE was quantized from: recompute every rule")
       ->check(CLI::ExistingFile);
   cmd->add_flag("--json", a->json, "print the report as JSON on stdout");
-  cmd->footer(kExitCodeHelp);
   return {cmd, [a] { return run_inspect(*a); }};
 }
 

@@ -67,7 +67,7 @@ int run_quantize(const quantize_args& a) {
 command add_quantize_command(CLI::App& root) {
   auto a = std::make_shared<quantize_args>();
   CLI::App* cmd = root.add_subcommand("quantize", "Quantize a BF16 MoE checkpoint to MXFP4 (gpt-oss layout)");
-  cmd->description(
+  set_details(cmd,
       "Quantize the expert weights of a BF16 MoE checkpoint (safetensors; gpt-oss fused gate_up_proj/down_proj, or "
       "Qwen3/DeepSeek per-expert gate_proj/up_proj/down_proj) to MXFP4 in the gpt-oss layout "
       "(experts.gate_up_proj_blocks/_scales, experts.down_proj_blocks/_scales; gate/up rows interleaved). Every other "
@@ -84,7 +84,6 @@ command add_quantize_command(CLI::App& root) {
   cmd->add_flag("--force", a->force, "replace OUT if it exists (otherwise an existing OUT is an error, exit code 2)");
   add_device_option(cmd, &a->device);
   cmd->add_flag("--json", a->json, "print the report as JSON on stdout");
-  cmd->footer(kExitCodeHelp);
   return {cmd, [a] { return run_quantize(*a); }};
 }
 
@@ -95,7 +94,7 @@ command add_dequantize_command(CLI::App& root) {
   };
   auto a = std::make_shared<args>();
   CLI::App* cmd = root.add_subcommand("dequantize", "Dequantize an MXFP4 MoE checkpoint to BF16 (gpt-oss BF16 layout)");
-  cmd->description(
+  set_details(cmd,
       "Expand every MXFP4 MoE layer to BF16 in the gpt-oss BF16 layout (experts.gate_up_proj [E, H, 2I] with "
       "interleaved gate/up columns, experts.down_proj [E, I, H]); every other tensor is copied. MXFP4 values are "
       "exact in BF16, so `quantize` of the result reproduces the same dequantized weights.\n\n"
@@ -103,7 +102,6 @@ command add_dequantize_command(CLI::App& root) {
   cmd->add_option("IN", a->in, "MXFP4 checkpoint")->required()->check(CLI::ExistingFile);
   cmd->add_option("OUT", a->out, "BF16 checkpoint to write")->required();
   cmd->add_flag("--force", a->force, "replace OUT if it exists");
-  cmd->footer(kExitCodeHelp);
   return {cmd, [a] {
             dequantize_checkpoint(a->in, a->out, a->force, true);
             fmt::print("dequantized {} -> {}\n", a->in, a->out);

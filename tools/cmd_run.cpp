@@ -197,7 +197,7 @@ int run_layer(const run_args& a) {
 command add_run_command(CLI::App& root) {
   auto a = std::make_shared<run_args>();
   CLI::App* cmd = root.add_subcommand("run", "Run one MoE layer on cuda or cpu and verify it against the reference");
-  cmd->description(
+  set_details(cmd,
       "Runs one MoE layer — from an MXFP4 checkpoint (--checkpoint, --layer) or a model preset with synthetic MXFP4 "
       "weights (--preset; --experts shrinks E to fit host memory) — on the chosen backend, then checks the output "
       "against the CPU reference (cpu::moe_forward in float64; float32 for GPU runs of more than 4e9 multiply-adds "
@@ -224,7 +224,6 @@ command add_run_command(CLI::App& root) {
   cmd->add_option("--reference", a->reference, "reference precision: auto, f64 or f32")->default_val("auto");
   cmd->add_flag("--force", a->force, "replace the --output file if it exists");
   cmd->add_flag("--json", a->json, "print the result as JSON on stdout");
-  cmd->footer(kExitCodeHelp);
   return {cmd, [a] { return run_layer(*a); }};
 }
 

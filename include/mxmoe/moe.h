@@ -61,7 +61,9 @@ struct moe_config {
 // top_k <= topk_group * E / n_group, finite positive alpha/limit/scaling factor.
 void validate(const moe_config& cfg);
 
-// Expert weights in the checkpoint layout (BRIEF §3), host memory. Optional views: empty().
+// Expert weights in the checkpoint layout (BRIEF §3). The expert matrices live in host memory, or
+// (for cuda::moe_layer only) all in device memory; biases and router tensors in host memory.
+// Optional tensors: a default-constructed tensor_view means "not given".
 struct moe_weights {
   weight_format format = weight_format::mxfp4;
   tensor_view w13_blocks, w13_scales;  // mxfp4: u8 [E, 2I, H/32, 16], u8 [E, 2I, H/32]

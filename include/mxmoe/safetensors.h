@@ -101,7 +101,8 @@ class safetensors_writer {
  public:
   // Validates the declarations (unique non-empty names, non-negative dims) and, unless
   // `overwrite`, that `path` does not exist — all before creating anything. Tensors are laid out
-  // contiguously in declaration order; the header is padded with spaces to 8 bytes.
+  // contiguously, widest element type first (declaration order within a type), so every tensor
+  // is aligned to its element size; the header is padded with spaces to 8 bytes.
   safetensors_writer(std::string path, std::vector<tensor_decl> tensors,
                      std::map<std::string, std::string> metadata = {}, bool overwrite = false);
   ~safetensors_writer();  // removes the temporary file unless committed

@@ -43,10 +43,14 @@ void check_optional(const tensor_view& v, const char* name, std::initializer_lis
   check_tensor(v, name, types, shape);
 }
 
+// The expert matrices may live in host or device memory (the CUDA layer prepares from either);
+// they must all live in the same place. Their values are never read here.
 void check_required(const tensor_view& v, const char* name, std::initializer_list<dtype> types,
-                    const std::vector<int64_t>& shape) {
+                    const std::vector<int64_t>& shape, device_kind where) {
   MXMOE_CHECK_ARG(!is_absent(v), name, dtype_list(types) + " " + shape_string(shape), "no tensor");
-  check_host(v, name);
+  MXMOE_CHECK_ARG(v.device == where, name, where == device_kind::cpu ? "a host tensor, like the other expert weights"
+                                                                     : "a cuda tensor, like the other expert weights",
+                  v.device == device_kind::cpu ? "a host tensor" : "a cuda tensor");
   check_tensor(v, name, types, shape);
 }
 
@@ -114,17 +118,18 @@ void validate(const moe_weights& w, const moe_config& cfg) {
   const int64_t e = cfg.shape.experts, h = cfg.shape.hidden, i = cfg.shape.intermediate;
   const int64_t bs = mx::kBlockSize, pb = mx::kPackedBlockBytes;
   if (w.format == weight_format::mxfp4) {
-    check_required(w.w13_blocks, "weights.w13_blocks", {dtype::u8}, {e, 2 * i, h / bs, pb});
-    check_required(w.w13_scales, "weights.w13_scales", {dtype::u8}, {e, 2 * i, h / bs});
-    check_required(w.w2_blocks, "weights.w2_blocks", {dtype::u8}, {e, h, i / bs, pb});
-    check_required(w.w2_scales, "weights.w2_scales", {dtype::u8}, {e, h, i / bs});
+    const device_kind where = w.w13_blocks.device;
+    check_required(w.w13_blocks, "weights.w13_blocks", {dtype::u8}, {e, 2 * i, h / bs, pb}, where);
+    check_required(w.w13_scales, "weights.w13_scales", {dtype::u8}, {e, 2 * i, h / bs}, where);
+    check_required(w.w2_blocks, "weights.w2_blocks", {dtype::u8}, {e, h, i / bs, pb}, where);
+    check_required(w.w2_scales, "weights.w2_scales", {dtype::u8}, {e, h, i / bs}, where);
     check_unused(w.w13, "weights.w13", "format is mxfp4: use w13_blocks and w13_scales");
     check_unused(w.w2, "weights.w2", "format is mxfp4: use w2_blocks and w2_scales");
   } else {
     MXMOE_CHECK_ARG(w.format == weight_format::bf16, "weights.format", "mxfp4 | bf16",
                     std::to_string(static_cast<int>(w.format)));
-    check_required(w.w13, "weights.w13", {dtype::bf16}, {e, 2 * i, h});
-    check_required(w.w2, "weights.w2", {dtype::bf16}, {e, h, i});
+    check_required(w.w13, "weights.w13", {dtype::bf16}, {e, 2 * i, h}, w.w13.device);
+    check_required(w.w2, "weights.w2", {dtype::bf16}, {e, h, i}, w.w13.device);
     check_unused(w.w13_blocks, "weights.w13_blocks", "format is bf16: use w13");
     check_unused(w.w13_scales, "weights.w13_scales", "format is bf16: use w13");
     check_unused(w.w2_blocks, "weights.w2_blocks", "format is bf16: use w2");

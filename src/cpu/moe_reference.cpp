@@ -210,9 +210,11 @@ void check_host(const tensor_view& v, const char* name) {
 void moe_forward(const tensor_view& x, const routing_input& routing, const moe_weights& weights,
                  const moe_config& cfg, const tensor_view& out, precision prec, int threads) {
   validate(weights, cfg);
-  validate_moe_io(x, out, cfg);
+  check_host(weights.format == weight_format::mxfp4 ? weights.w13_blocks : weights.w13,
+             weights.format == weight_format::mxfp4 ? "weights.w13_blocks" : "weights.w13");
   check_host(x, "x");
   check_host(out, "out");
+  validate_moe_io(x, out, cfg);
   const int64_t t = x.dim(0);
   validate_routing_input(routing, cfg, t);
   check_host(routing.logits, "routing.logits");

@@ -119,6 +119,7 @@ moe_layer::moe_layer(const moe_weights& w, const moe_config& cfg) : impl_(std::m
   const int64_t E = cfg.shape.experts, H = cfg.shape.hidden, I = cfg.shape.intermediate;
   impl& m = *impl_;
   m.cfg = cfg;
+  sm90::prepare_gemm_kernels();
   m.frag13 = {2 * I, H};
   m.frag2 = {H, I};
   m.codes13 = device_buffer(static_cast<size_t>(E * m.frag13.weight_bytes()));

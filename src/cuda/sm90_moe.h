@@ -60,6 +60,8 @@ enum class gemm_config : int { decode, mid, large };
 int gemm_tokens_per_tile(gemm_config c);  // BN
 int gemm_rows_per_cta(gemm_config c);     // BM
 
+// Raises the kernels' shared-memory limit; call once before launching (not while capturing).
+void prepare_gemm_kernels();
 void launch_gemm(gemm_config c, const gemm_weights& w, const uint16_t* b_rows, const moe_workspace& ws,
                  int top_k, epilogue_kind ep, const activation_config& act, int64_t max_tiles,
                  cudaStream_t stream);

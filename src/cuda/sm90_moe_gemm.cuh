@@ -59,6 +59,9 @@ using decode_tile = gemm_tile<64, 16, 16, 16, 8>;   // few tokens per expert: DR
 using mid_tile = gemm_tile<128, 64, 32, 32, 4>;     // the 64-token transition
 using large_tile = gemm_tile<128, 128, 32, 64, 4>;  // prefill: tensor-core bound
 
+cudaError_t allow_gemm_smem_decode();
+cudaError_t allow_gemm_smem_mid();
+cudaError_t allow_gemm_smem_large();
 void launch_gemm_decode(const gemm_weights&, const uint16_t*, const moe_workspace&, int, epilogue_kind,
                         const activation_config&, int64_t, cudaStream_t);
 void launch_gemm_mid(const gemm_weights&, const uint16_t*, const moe_workspace&, int, epilogue_kind,
@@ -256,14 +259,15 @@ __global__ void __launch_bounds__(Cfg::THREADS)
     gemm_tile_body<Cfg>(smem, ws.tiles[tile_id], w, b_rows, ws, top_k, ep, act);
 }
 
+// Outside any stream capture (moe_layer's constructor): more than 48 KB of shared memory.
+template <class Cfg>
+cudaError_t allow_gemm_smem() {
+  return cudaFuncSetAttribute(moe_gemm_kernel<Cfg>, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::SMEM_BYTES);
+}
+
 template <class Cfg>
 void launch_gemm_with(const gemm_weights& w, const uint16_t* b_rows, const moe_workspace& ws, int top_k,
                       epilogue_kind ep, const activation_config& act, int64_t max_tiles, cudaStream_t stream) {
-  static bool attr_set = false;  // attribute setting is idempotent; this just avoids repeating it
-  if (!attr_set) {
-    cudaFuncSetAttribute(moe_gemm_kernel<Cfg>, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::SMEM_BYTES);
-    attr_set = true;
-  }
   const layout::sm90_fragment frag{w.rows, w.cols};
   const dim3 grid(static_cast<unsigned>(layout::ceil_div(frag.row_tiles(), Cfg::A_TILES)),
                   static_cast<unsigned>(max_tiles < 65535 ? max_tiles : 65535));

@@ -22,6 +22,12 @@ int gemm_rows_per_cta(gemm_config c) {
   return 0;
 }
 
+void prepare_gemm_kernels() {
+  MXMOE_CUDA_CHECK(allow_gemm_smem_decode());
+  MXMOE_CUDA_CHECK(allow_gemm_smem_mid());
+  MXMOE_CUDA_CHECK(allow_gemm_smem_large());
+}
+
 void launch_gemm(gemm_config c, const gemm_weights& w, const uint16_t* b_rows, const moe_workspace& ws, int top_k,
                  epilogue_kind ep, const activation_config& act, int64_t max_tiles, cudaStream_t stream) {
   switch (c) {

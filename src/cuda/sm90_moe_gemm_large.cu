@@ -1,5 +1,5 @@
-// sm90_moe_gemm_large.cu — the MoE grouped GEMM instantiated for prefill: 8 warps of 32 rows x 64 tokens (16 mmas per A fragment pair and k16 step).
-// Tile: BM=128 weight rows x BN=128 tokens per CTA, warp tile 32x64, 4 stages (sm90_moe_gemm.cuh).
+// sm90_moe_gemm_large.cu — the MoE grouped GEMM instantiated for prefill: 8 warps of 32 rows x
+// 64 tokens (16 mmas per A fragment pair and k16 step).
 #include "sm90_moe_gemm.cuh"
 
 namespace mxmoe::cuda::sm90 {
@@ -8,5 +8,7 @@ void launch_gemm_large(const gemm_weights& w, const uint16_t* b_rows, const moe_
                        epilogue_kind ep, const activation_config& act, int64_t max_tiles, cudaStream_t stream) {
   launch_gemm_with<large_tile>(w, b_rows, ws, top_k, ep, act, max_tiles, stream);
 }
+
+cudaError_t allow_gemm_smem_large() { return allow_gemm_smem<large_tile>(); }
 
 }  // namespace mxmoe::cuda::sm90

@@ -1,5 +1,5 @@
-// sm90_moe_gemm_mid.cu — the MoE grouped GEMM instantiated for the 64-token transition: 8 warps of 32 rows x 32 tokens.
-// Tile: BM=128 weight rows x BN=64 tokens per CTA, warp tile 32x32, 4 stages (sm90_moe_gemm.cuh).
+// sm90_moe_gemm_mid.cu — the MoE grouped GEMM instantiated for the 64-token transition:
+// 8 warps of 32 rows x 32 tokens. The tile shape is mid_tile in sm90_moe_gemm.cuh.
 #include "sm90_moe_gemm.cuh"
 
 namespace mxmoe::cuda::sm90 {
@@ -8,5 +8,7 @@ void launch_gemm_mid(const gemm_weights& w, const uint16_t* b_rows, const moe_wo
                        epilogue_kind ep, const activation_config& act, int64_t max_tiles, cudaStream_t stream) {
   launch_gemm_with<mid_tile>(w, b_rows, ws, top_k, ep, act, max_tiles, stream);
 }
+
+cudaError_t allow_gemm_smem_mid() { return allow_gemm_smem<mid_tile>(); }
 
 }  // namespace mxmoe::cuda::sm90

@@ -304,7 +304,7 @@ template <dtype D>
 __device__ __forceinline__ uint4 encode_block(const uint32_t* w, uint8_t scale, stats_acc& acc) {
   const float f = mx::e8m0_to_float(static_cast<uint8_t>(254 - scale));  // 2^(127 - scale)
   uint32_t words[4] = {0, 0, 0, 0};
-  uint32_t clamped = 0, flushed = 0;
+  uint32_t clamped = 0, flushed = 0;  // bit i: element i clamped / flushed (counted once per block)
   float signal[2] = {0.0f, 0.0f}, error[2] = {0.0f, 0.0f};  // two chains: shorter, more accurate
 #pragma unroll
   for (int i = 0; i < 32; ++i) {
@@ -313,15 +313,15 @@ __device__ __forceinline__ uint4 encode_block(const uint32_t* w, uint8_t scale, 
     const float r = round_to_e2m1_grid(a);
     const uint32_t code = grid_code(r) | ((mx::float_bits(x) >> 28) & 8u);
     words[i >> 3] |= code << (4 * (i & 7));
-    clamped += a > mx::kE2M1Max ? 1u : 0u;
-    flushed += (r == 0.0f && x != 0.0f) ? 1u : 0u;
+    if (a > mx::kE2M1Max) clamped |= 1u << i;
+    if (r == 0.0f && x != 0.0f) flushed |= 1u << i;
     signal[i & 1] = fmaf(x, x, signal[i & 1]);
     const float d = a - r;
     error[i & 1] = fmaf(d, d, error[i & 1]);
   }
-  acc.clamped += clamped;
-  acc.flushed += flushed;
-  acc.saturated += clamped > 0 ? 1u : 0u;
+  acc.clamped += __popc(clamped);
+  acc.flushed += __popc(flushed);
+  acc.saturated += clamped != 0 ? 1u : 0u;
   const double unit = mx::e8m0_to_float(scale);  // errors above are in units of the scale
   acc.signal += static_cast<double>(signal[0] + signal[1]);
   acc.error += static_cast<double>(error[0] + error[1]) * unit * unit;
@@ -446,22 +446,25 @@ __global__ void __launch_bounds__(kThreads) quantize_reference(const quant_param
 
 // Element values of one block: e2m1(code) * 2^(scale-127) is exact for every code and scale byte
 // (the smallest, 0.5 * 2^-127, is a float subnormal), so it equals mx::dequantize_value, which
-// gets there in two steps for byte 0. Scale 0xFF: the canonical NaN dequantize_value returns.
+// gets there in two steps for byte 0. Such a value has at most two significant bits, so its bf16
+// is its float's upper half (what float_to_bf16 returns for it). Scale 0xFF: every element is the
+// canonical NaN dequantize_value returns (bf16 0x7FC0, as float_to_bf16 converts it).
 template <dtype D>
 __device__ __forceinline__ void dequantize_words(uint4 codes, uint8_t scale, uint32_t* out) {
+  constexpr int kWords = D == dtype::f32 ? 32 : 16;
+  if (scale == mx::kE8M0Nan) {
+#pragma unroll
+    for (int i = 0; i < kWords; ++i) out[i] = D == dtype::f32 ? 0x7FC00000u : 0x7FC07FC0u;
+    return;
+  }
   const uint32_t cw[4] = {codes.x, codes.y, codes.z, codes.w};
   const float s = mx::e8m0_to_float(scale);
-  const bool nan = scale == mx::kE8M0Nan;
 #pragma unroll
   for (int i = 0; i < 32; ++i) {
     const uint8_t code = static_cast<uint8_t>((cw[i >> 3] >> (4 * (i & 7))) & 0xFu);
-    const float v = nan ? mx::bits_float(0x7FC00000u) : mx::e2m1_to_float(code) * s;
-    if constexpr (D == dtype::f32) {
-      out[i] = mx::float_bits(v);
-    } else {
-      const uint32_t h = float_to_bf16(v);
-      out[i >> 1] = (i & 1) ? (out[i >> 1] | (h << 16)) : h;
-    }
+    const uint32_t v = mx::float_bits(mx::e2m1_to_float(code) * s);
+    if constexpr (D == dtype::f32) out[i] = v;
+    else out[i >> 1] = (i & 1) ? (out[i >> 1] | (v & 0xFFFF0000u)) : (v >> 16);
   }
 }
 

@@ -5,7 +5,6 @@
 #include <algorithm>
 #include <cstring>
 #include <nlohmann/json.hpp>
-#include <regex>
 #include <set>
 
 #include "mxmoe/error.h"
@@ -58,6 +57,24 @@ int64_t dim_of(const safetensors_reader& file, const safetensors_entry& e, int r
   if (static_cast<int>(e.shape.size()) != rank)
     throw format_error(file.path(), e.name, "rank " + std::to_string(e.shape.size()) + ", expected " + std::to_string(rank));
   return e.shape[static_cast<size_t>(i)];
+}
+
+bool all_digits(const std::string& s) {
+  return !s.empty() && std::all_of(s.begin(), s.end(), [](char c) { return c >= '0' && c <= '9'; });
+}
+
+// "<P>layers.<L>.mlp.experts.<rest>" -> prefix "<P>layers.<L>.mlp.", "<L>", "<rest>".
+bool split_expert_name(const std::string& name, std::string* prefix, std::string* layer, std::string* rest) {
+  static const std::string kKey = ".mlp.experts.";
+  const size_t pos = name.find(kKey);
+  if (pos == std::string::npos) return false;
+  size_t d = pos;
+  while (d > 0 && name[d - 1] >= '0' && name[d - 1] <= '9') --d;
+  if (d == pos || d < 7 || name.compare(d - 7, 7, "layers.") != 0) return false;
+  *layer = name.substr(d, pos - d);
+  *prefix = name.substr(0, pos + 5);
+  *rest = name.substr(pos + kKey.size());
+  return true;
 }
 
 struct candidate {
@@ -175,30 +192,30 @@ std::vector<tensor_decl> mxfp4_layer_decls(const std::string& prefix, const moe_
 }
 
 std::vector<moe_layer_info> find_moe_layers(const safetensors_reader& file) {
-  static const std::regex kFused(R"(^(.*layers\.(\d+)\.mlp\.)experts\.gate_up_proj(_blocks)?$)");
-  static const std::regex kPerExpert(R"(^(.*layers\.(\d+)\.mlp\.)experts\.(\d+)\.(gate_proj|up_proj|down_proj)\.weight$)");
   std::map<int64_t, candidate> found;
   auto add = [&](const std::string& name, const std::string& prefix, const std::string& layer_text, moe_layout l) {
-    const int64_t layer = layer_text.size() > 9 ? -1 : std::stoll(layer_text);
-    if (layer < 0) throw format_error(file.path(), name, "layer index out of range");
-    auto [it, fresh] = found.try_emplace(layer, candidate{prefix, l, {}});
+    if (layer_text.size() > 9) throw format_error(file.path(), name, "layer index out of range");
+    auto [it, fresh] = found.try_emplace(std::stoll(layer_text), candidate{prefix, l, {}});
     if (!fresh && (it->second.prefix != prefix || it->second.layout != l))
       throw format_error(file.path(), name, "layer " + layer_text + " has experts in two layouts or under two prefixes");
     return &it->second;
   };
-  std::smatch m;
+  std::string prefix, layer, rest;
   for (const auto& e : file.entries()) {
-    if (e.name.find("experts.") == std::string::npos) continue;
-    if (std::regex_match(e.name, m, kFused)) {
-      add(e.name, m[1], m[2], m[3].matched ? moe_layout::mxfp4_gpt_oss : moe_layout::bf16_gpt_oss);
-    } else if (std::regex_match(e.name, m, kPerExpert)) {
-      candidate* c = add(e.name, m[1], m[2], moe_layout::bf16_per_expert);
-      if (m[3].length() > 6) throw format_error(file.path(), e.name, "expert index out of range");
-      c->experts.insert(std::stoll(m[3]));
+    if (!split_expert_name(e.name, &prefix, &layer, &rest)) continue;
+    if (rest == "gate_up_proj_blocks" || rest == "gate_up_proj") {
+      add(e.name, prefix, layer, rest == "gate_up_proj" ? moe_layout::bf16_gpt_oss : moe_layout::mxfp4_gpt_oss);
+      continue;
     }
+    // "<e>.gate_proj.weight" and friends
+    const size_t dot = rest.find('.');
+    if (dot == 0 || dot == std::string::npos || dot > 6 || !all_digits(rest.substr(0, dot))) continue;
+    const std::string part = rest.substr(dot + 1);
+    if (part != "gate_proj.weight" && part != "up_proj.weight" && part != "down_proj.weight") continue;
+    add(e.name, prefix, layer, moe_layout::bf16_per_expert)->experts.insert(std::stoll(rest.substr(0, dot)));
   }
   std::vector<moe_layer_info> layers;
-  for (const auto& [layer, c] : found) layers.push_back(describe_layer(file, c, layer));
+  for (const auto& [index, c] : found) layers.push_back(describe_layer(file, c, index));
   return layers;
 }
 

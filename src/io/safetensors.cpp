@@ -288,6 +288,10 @@ safetensors_writer::safetensors_writer(std::string path, std::vector<tensor_decl
     : path_(std::move(path)), overwrite_(overwrite) {
   nlohmann::ordered_json header = nlohmann::ordered_json::object();
   if (!metadata.empty()) header["__metadata__"] = metadata;
+  // Widest elements first: every tensor's size is a multiple of its element size, so all data
+  // stays aligned without gaps (which strict readers refuse).
+  std::stable_sort(tensors.begin(), tensors.end(),
+                   [](const tensor_decl& a, const tensor_decl& b) { return dtype_size(a.type) > dtype_size(b.type); });
   uint64_t offset = 0;
   for (auto& t : tensors) {
     MXMOE_CHECK_ARG(!t.name.empty() && t.name != "__metadata__", "tensor name", "a non-empty name other than __metadata__",

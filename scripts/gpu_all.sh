@@ -1,0 +1,67 @@
+#!/usr/bin/env bash
+# Every GPU test and benchmark in one call, on the GPU machine, from binaries built elsewhere
+# (scripts/setup.sh, carried in build/bin). Full results go to $OUT (default ./gpu-out):
+#   log.txt            everything printed
+#   gpu_tests.json     GoogleTest results of mxmoe_gpu_tests
+#   bench_quantize.json, torch.json, bench_moe.json, roofline.png
+#   summary.txt        the short table printed last
+# Steps (MXMOE_STEPS, default all): tests sanitize quantize torch moe
+#   MXMOE_TOKENS   token counts for the layer benchmark (default 1,8,32,64,128,512,2048,8192,16384)
+#   MXMOE_SHAPES   shapes (default gpt-oss-120b,qwen3-30b-a3b,kimi-k2)
+#   MXMOE_COMMIT   commit recorded in the JSON
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-$PWD/gpu-out}
+BIN=${MXMOE_BIN:-build/bin}
+STEPS=${MXMOE_STEPS:-tests sanitize quantize torch moe}
+TOKENS=${MXMOE_TOKENS:-1,8,32,64,128,512,2048,8192,16384}
+SHAPES=${MXMOE_SHAPES:-gpt-oss-120b,qwen3-30b-a3b,kimi-k2}
+COMMIT=${MXMOE_COMMIT:-unknown}
+mkdir -p "$OUT"
+LOG=$OUT/log.txt
+: >"$LOG"
+status=0
+step() { echo "=== $* ===" | tee -a "$LOG"; }
+has() { [[ " $STEPS " == *" $1 "* ]]; }
+
+step "device"
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,clocks.mem,power.draw,power.limit,temperature.gpu \
+  --format=csv 2>&1 | tee -a "$LOG"
+
+if has tests; then
+  step "GPU tests"
+  timeout 420 "$BIN/mxmoe_gpu_tests" --gtest_output="json:$OUT/gpu_tests.json" 2>&1 | tee -a "$LOG" | grep -E "^\[  (FAILED|PASSED) |tests ran|FAILED|SKIPPED" ; [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+fi
+if has sanitize; then
+  # Small cases only: the sanitizers slow kernels down 10-100x.
+  FILTER='*tiny_silu*:*odd_k_swiglu_bias*:GpuMoeRouting.*:GpuMoeGraph.*:GpuQuantize*Small*:*Bad*'
+  for tool in memcheck racecheck; do
+    step "compute-sanitizer $tool"
+    timeout 300 compute-sanitizer --tool "$tool" --error-exitcode 9 "$BIN/mxmoe_gpu_tests" --gtest_filter="$FILTER" \
+      >"$OUT/sanitize_$tool.tmp" 2>&1
+    rc=$?
+    cat "$OUT/sanitize_$tool.tmp" >>"$LOG"
+    tail -n 3 "$OUT/sanitize_$tool.tmp"
+    rm -f "$OUT/sanitize_$tool.tmp"
+    echo "sanitizer $tool exit $rc" | tee -a "$LOG"
+    [ "$rc" -eq 0 ] || status=1
+  done
+fi
+if has quantize; then
+  step "quantize benchmark"
+  timeout 300 "$BIN/bench_quantize" --json "$OUT/bench_quantize.json" 2>&1 | tee -a "$LOG" || status=1
+fi
+if has torch; then
+  step "torch BF16 baseline and ceilings"
+  PYTHONUNBUFFERED=1 timeout 420 python3 bench/torch_baseline.py --json "$OUT/torch.json" --shapes "$SHAPES" \
+    --tokens "$TOKENS" 2>&1 | tee -a "$LOG" || status=1
+fi
+if has moe; then
+  step "MoE layer benchmark"
+  tj=""; [ -f "$OUT/torch.json" ] && tj="--torch-json $OUT/torch.json"
+  timeout 480 "$BIN/bench_moe" --shapes "$SHAPES" --tokens "$TOKENS" --json "$OUT/bench_moe.json" --commit "$COMMIT" $tj \
+    2>&1 | tee -a "$LOG" || status=1
+  [ -f "$OUT/bench_moe.json" ] && python3 bench/plot_roofline.py "$OUT/bench_moe.json" "$OUT/roofline.png" >>"$LOG" 2>&1
+fi
+python3 scripts/gpu_summary.py "$OUT" | tee "$OUT/summary.txt"
+exit $status

@@ -1,0 +1,245 @@
+// The `mxmoe` binary end to end: quantize / inspect / dequantize round trip, --force and no
+// half-written output on failure, run --device cpu verification, exit codes, the demo.
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <array>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <map>
+#include <random>
+
+#include "mxmoe/checkpoint.h"
+#include "mxmoe/cuda.h"
+#include "mxmoe/mx.h"
+#include "mxmoe/quantize.h"
+#include "mxmoe/safetensors.h"
+
+namespace fs = std::filesystem;
+using namespace mxmoe;
+
+namespace {
+
+struct result {
+  int code;
+  std::string out;
+};
+
+// Runs `mxmoe ARGS` (stderr discarded unless `merge_stderr`) and returns its exit code and stdout.
+result mxmoe_cmd(const std::string& args, bool merge_stderr = false) {
+  const std::string cmd = std::string(MXMOE_BINARY_DIR) + "/bin/mxmoe " + args + (merge_stderr ? " 2>&1" : " 2>/dev/null");
+  FILE* p = ::popen(cmd.c_str(), "r");
+  if (!p) return {-1, ""};
+  std::string out;
+  std::array<char, 4096> buf;
+  size_t n;
+  while ((n = std::fread(buf.data(), 1, buf.size(), p)) > 0) out.append(buf.data(), n);
+  const int status = ::pclose(p);
+  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
+}
+
+class Cli : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = fs::temp_directory_path() /
+           ("mxmoe-test-cli-" + std::string(::testing::UnitTest::GetInstance()->current_test_info()->name()) + "-" +
+            std::to_string(::getpid()));
+    fs::remove_all(dir_);
+    fs::create_directories(dir_);
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+  std::string path(const std::string& name) const { return (dir_ / name).string(); }
+
+  // A Qwen3-style per-expert BF16 checkpoint (E=4, H, I) with a router and one unrelated tensor.
+  std::string write_bf16(const std::string& name, int64_t H, int64_t I, uint64_t seed) {
+    const int64_t E = 4;
+    std::mt19937_64 rng(seed);
+    std::normal_distribution<float> n(0.0f, 0.05f);
+    storage_.emplace_back();
+    auto& data = storage_.back();
+    std::vector<std::pair<std::string, std::pair<dtype, std::vector<int64_t>>>> specs;
+    for (int64_t e = 0; e < E; ++e) {
+      const std::string p = "model.layers.0.mlp.experts." + std::to_string(e) + ".";
+      specs.push_back({p + "gate_proj.weight", {dtype::bf16, {I, H}}});
+      specs.push_back({p + "up_proj.weight", {dtype::bf16, {I, H}}});
+      specs.push_back({p + "down_proj.weight", {dtype::bf16, {H, I}}});
+    }
+    specs.push_back({"model.layers.0.mlp.gate.weight", {dtype::bf16, {E, H}}});
+    specs.push_back({"model.embed_tokens.weight", {dtype::bf16, {7, H}}});
+    std::vector<std::pair<std::string, tensor_view>> t;
+    for (auto& [tname, spec] : specs) {
+      int64_t count = 1;
+      for (int64_t d : spec.second) count *= d;
+      data.emplace_back(static_cast<size_t>(count));
+      for (auto& v : data.back()) v = float_to_bf16(n(rng));
+      t.emplace_back(tname, tensor_view(data.back().data(), spec.first, spec.second));
+    }
+    write_safetensors(path(name), t);
+    return path(name);
+  }
+
+  fs::path dir_;
+  std::vector<std::vector<std::vector<uint16_t>>> storage_;
+};
+
+}  // namespace
+
+TEST_F(Cli, QuantizeInspectDequantizeRoundTrip) {
+  const std::string in = write_bf16("in.safetensors", 96, 64, 1), q = path("q.safetensors");
+  const result r = mxmoe_cmd("quantize " + in + " " + q + " --rule even --device cpu --json");
+  ASSERT_EQ(r.code, 0) << r.out;
+  const auto j = nlohmann::json::parse(r.out);
+  ASSERT_EQ(j["tensors"].size(), 2u);
+  EXPECT_GT(j["total"]["sqnr_db"].get<double>(), 10.0);
+  EXPECT_EQ(j["copied_tensors"], 2);  // router and embedding
+  EXPECT_EQ(j["total"]["elements"], 4 * 3 * 96 * 64);
+
+  {
+    const safetensors_reader qr(q);
+    EXPECT_TRUE(qr.contains("model.embed_tokens.weight"));
+    EXPECT_TRUE(qr.contains("model.layers.0.mlp.gate.weight"));
+    EXPECT_FALSE(qr.contains("model.layers.0.mlp.experts.0.gate_proj.weight"));
+    const auto info = checkpoint::find_moe_layer(qr, 0);
+    EXPECT_EQ(info.layout, checkpoint::moe_layout::mxfp4_gpt_oss);
+    EXPECT_EQ(qr.metadata().at("mxmoe.scale_rule"), "even");
+    // The bytes equal a direct quantization of the expert with the library.
+    const safetensors_reader src(in);
+    std::vector<float> w13, w2;
+    checkpoint::read_expert_f32(src, checkpoint::find_moe_layer(src, 0), 3, w13, w2);
+    const auto g = checkpoint::gate_up_geometry(info.shape);
+    std::vector<uint8_t> packed(static_cast<size_t>(g.rows * g.row_bytes())), scales(static_cast<size_t>(g.rows * g.scale_cols()));
+    mxmoe::quantize(tensor_view(w13.data(), dtype::f32, {g.rows, g.cols}), mx::scale_rule::even, scale_layout::linear,
+                    tensor_view(packed.data(), dtype::u8, {g.rows, g.row_bytes()}),
+                    tensor_view(scales.data(), dtype::u8, {g.rows, g.scale_cols()}));
+    const uint8_t* fb = qr.bytes(qr.entry("model.layers.0.mlp.experts.gate_up_proj_blocks")).data() + g.code_offset(3, 0, 0).byte;
+    const uint8_t* fs_ = qr.bytes(qr.entry("model.layers.0.mlp.experts.gate_up_proj_scales")).data() + g.scale_offset(3, 0, 0);
+    EXPECT_TRUE(std::equal(packed.begin(), packed.end(), fb));
+    EXPECT_TRUE(std::equal(scales.begin(), scales.end(), fs_));
+  }
+
+  const result ins = mxmoe_cmd("inspect " + q + " --source " + in + " --json");
+  ASSERT_EQ(ins.code, 0);
+  const auto ij = nlohmann::json::parse(ins.out);
+  const auto& layer = ij["moe_layers"][0];
+  EXPECT_EQ(layer["source_match"]["even"]["blocks_equal_pct"].get<double>(), 100.0);
+  EXPECT_LT(layer["source_match"]["floor"]["scales_equal_pct"].get<double>(), 100.0);
+  for (const auto& [name, w] : layer["weights"].items()) {
+    const auto rules = w["consistent_rules"].get<std::vector<std::string>>();
+    EXPECT_NE(std::find(rules.begin(), rules.end(), "even"), rules.end()) << name;
+  }
+  const result text = mxmoe_cmd("inspect " + q);
+  EXPECT_EQ(text.code, 0);
+  EXPECT_NE(text.out.find("consistent with"), std::string::npos);
+
+  // dequantize -> quantize -> dequantize reproduces the same BF16 values.
+  const std::string d1 = path("d1.safetensors"), q2 = path("q2.safetensors"), d2 = path("d2.safetensors");
+  ASSERT_EQ(mxmoe_cmd("dequantize " + q + " " + d1).code, 0);
+  ASSERT_EQ(mxmoe_cmd("quantize " + d1 + " " + q2 + " --rule floor --device cpu").code, 0);
+  ASSERT_EQ(mxmoe_cmd("dequantize " + q2 + " " + d2).code, 0);
+  const safetensors_reader a(d1), b(d2);
+  for (const char* n : {"model.layers.0.mlp.experts.gate_up_proj", "model.layers.0.mlp.experts.down_proj"}) {
+    const auto x = a.bytes(a.entry(n)), y = b.bytes(b.entry(n));
+    ASSERT_EQ(x.size(), y.size());
+    EXPECT_TRUE(std::equal(x.begin(), x.end(), y.begin())) << n;
+  }
+}
+
+TEST_F(Cli, ForceAndNoHalfWrittenOutput) {
+  const std::string in = write_bf16("in.safetensors", 64, 32, 2), out = path("out.safetensors");
+  { std::ofstream(out) << "keep me"; }
+  EXPECT_EQ(mxmoe_cmd("quantize " + in + " " + out + " --rule mse --device cpu").code, 2);
+  std::string content;
+  std::getline(std::ifstream(out), content);
+  EXPECT_EQ(content, "keep me");
+  EXPECT_EQ(mxmoe_cmd("quantize " + in + " " + out + " --rule mse --device cpu --force").code, 0);
+  EXPECT_NO_THROW(safetensors_reader{out});
+
+  // H = 48 is not a multiple of 32: refused before anything is written.
+  const std::string odd = write_bf16("odd.safetensors", 48, 32, 3), none = path("none.safetensors");
+  const result r = mxmoe_cmd("quantize " + odd + " " + none + " --rule even --device cpu", true);
+  EXPECT_EQ(r.code, 2);
+  EXPECT_NE(r.out.find("multiples of 32"), std::string::npos) << r.out;
+  EXPECT_FALSE(fs::exists(none));
+  for (const auto& e : fs::directory_iterator(dir_))
+    EXPECT_EQ(e.path().filename().string().find(".tmp-"), std::string::npos) << e.path();
+}
+
+TEST_F(Cli, RunVerifiesOnCpuFromCheckpointPresetAndInputs) {
+  const std::string in = write_bf16("in.safetensors", 64, 32, 4), q = path("q.safetensors");
+  ASSERT_EQ(mxmoe_cmd("quantize " + in + " " + q + " --rule rceil --device cpu").code, 0);
+  const result r = mxmoe_cmd("run --checkpoint " + q + " --tokens 5 --device cpu --json");
+  ASSERT_EQ(r.code, 0) << r.out;
+  const auto j = nlohmann::json::parse(r.out);
+  EXPECT_TRUE(j["passed"].get<bool>());
+  EXPECT_EQ(j["reference"], "cpu f64");
+  EXPECT_EQ(j["routing"], "softmax_topk");
+  EXPECT_LT(j["rel_l2"].get<double>(), j["threshold"].get<double>());
+
+  // inputs from a file, output written
+  std::vector<float> x(3 * 64), logits(3 * 4);
+  std::mt19937 rng(5);
+  std::normal_distribution<float> n;
+  for (auto& v : x) v = n(rng);
+  for (auto& v : logits) v = n(rng);
+  const std::string inputs = path("acts.safetensors"), out = path("out.safetensors");
+  write_safetensors(inputs, {{"x", tensor_view(x.data(), dtype::f32, {3, 64})}, {"logits", tensor_view(logits.data(), dtype::f32, {3, 4})}});
+  const result r2 = mxmoe_cmd("run --checkpoint " + q + " --layer 0 --inputs " + inputs + " --output " + out + " --device cpu");
+  EXPECT_EQ(r2.code, 0) << r2.out;
+  EXPECT_NE(r2.out.find("PASS"), std::string::npos);
+  const safetensors_reader o(out);
+  EXPECT_EQ(o.entry("out").shape, (std::vector<int64_t>{3, 64}));
+  // logits of the wrong width
+  write_safetensors(inputs, {{"x", tensor_view(x.data(), dtype::f32, {3, 64})}, {"logits", tensor_view(logits.data(), dtype::f32, {4, 3})}}, {}, true);
+  EXPECT_EQ(mxmoe_cmd("run --checkpoint " + q + " --inputs " + inputs + " --device cpu").code, 2);
+
+  const result p = mxmoe_cmd("run --preset gpt-oss-20b --experts 4 --tokens 2 --device cpu --json");
+  ASSERT_EQ(p.code, 0) << p.out;
+  EXPECT_TRUE(nlohmann::json::parse(p.out)["passed"].get<bool>());
+}
+
+TEST_F(Cli, ExitCodesForBadUsageAndMissingBackend) {
+  EXPECT_EQ(mxmoe_cmd("").code, 2);
+  EXPECT_EQ(mxmoe_cmd("--help").code, 0);
+  EXPECT_EQ(mxmoe_cmd("frobnicate").code, 2);
+  EXPECT_EQ(mxmoe_cmd("quantize a b").code, 2);                                 // no --rule, missing file
+  EXPECT_EQ(mxmoe_cmd("run --preset no-such-model --device cpu").code, 2);
+  EXPECT_EQ(mxmoe_cmd("run --preset qwen3-30b-a3b --checkpoint x --device cpu").code, 2);
+  EXPECT_EQ(mxmoe_cmd("run --preset qwen3-30b-a3b --experts 1000").code, 2);
+  const std::string junk = path("junk.safetensors");
+  { std::ofstream(junk) << "this is not a safetensors file at all"; }
+  const result bad = mxmoe_cmd("inspect " + junk, true);
+  EXPECT_EQ(bad.code, 2);
+  EXPECT_NE(bad.out.find("junk.safetensors"), std::string::npos) << bad.out;
+  for (const char* c : {"demo", "quantize", "dequantize", "inspect", "run", "bench"}) {
+    const result h = mxmoe_cmd(std::string(c) + " --help");
+    EXPECT_EQ(h.code, 0) << c;
+    EXPECT_NE(h.out.find("Exit codes"), std::string::npos) << c;
+  }
+  std::string why;
+  if (!cuda::available(&why)) {
+    EXPECT_EQ(mxmoe_cmd("run --preset qwen3-30b-a3b --experts 8 --tokens 1 --device cuda").code, 3);
+    EXPECT_EQ(mxmoe_cmd("demo --device cuda").code, 3);
+  }
+}
+
+TEST_F(Cli, DemoRunsAndVerifies) {
+  const result r = mxmoe_cmd("demo --device cpu --json --tokens 16");
+  ASSERT_EQ(r.code, 0) << r.out;
+  const auto j = nlohmann::json::parse(r.out);
+  ASSERT_EQ(j["rules"].size(), 4u);
+  std::map<std::string, nlohmann::json> rules;
+  for (const auto& row : j["rules"]) rules[row["rule"]] = row;
+  // rceil never saturates; floor saturates more blocks than even; mse has the best SQNR.
+  EXPECT_EQ(rules["rceil"]["saturated_blocks_pct"].get<double>(), 0.0);
+  EXPECT_GT(rules["floor"]["saturated_blocks_pct"].get<double>(), rules["even"]["saturated_blocks_pct"].get<double>());
+  for (const char* other : {"floor", "even", "rceil"})
+    EXPECT_GE(rules["mse"]["sqnr_db"].get<double>(), rules[other]["sqnr_db"].get<double>());
+  EXPECT_TRUE(j["run"]["passed"].get<bool>());
+  EXPECT_EQ(j["run"]["backend"], "cpu");
+  const result text = mxmoe_cmd("demo --tokens 8");
+  EXPECT_EQ(text.code, 0);
+  EXPECT_NE(text.out.find("PASS"), std::string::npos);
+}
