@@ -27,6 +27,10 @@ void synchronize() { no_cuda(); }
 quant_stats quantize(const tensor_view&, mx::scale_rule, scale_layout, const tensor_view&, const tensor_view&, void*) {
   no_cuda();
 }
+void quantize_async(const tensor_view&, mx::scale_rule, scale_layout, const tensor_view&, const tensor_view&,
+                    quant_stats*, void*) {
+  no_cuda();
+}
 void dequantize(const tensor_view&, const tensor_view&, scale_layout, const tensor_view&, void*) { no_cuda(); }
 
 struct moe_layer::impl {};

@@ -1,32 +1,41 @@
 // sm90_moe_gemm.cuh — the expert-grouped W4A16 GEMM of the MoE layer (both GEMMs), sm_90a.
 //
 // C[rows, tokens] = W_e[rows, K] · B[tokens, K]ᵀ for each scheduled tile (expert e, up to BN
-// sorted token-expert pairs). The MXFP4 weights are the M operand (mma.sync.m16n8k16 A, row
-// major), the bf16 activations the N operand (B, K-major). One CTA computes BM weight rows x
-// BN tokens; warps split it into WM x WN. A K-step is one 16x64 fragment tile (layout.h,
-// sm90_fragment): per stage the CTA copies BM/16 tiles of 512 code bytes + 32 scale bytes and
-// BN activation rows of 128 bytes (swizzled 16-byte chunks, so ldmatrix is conflict-free) with
-// cp.async, STAGES deep. Each lane then reads its own A fragment with one 16-byte shared load,
-// turns 8 E2M1 codes into four bf16x2 registers with integer ops (mx::e2m1x2_to_bf16x2_pow2m126)
-// and two bf16x2 multiplies (by 2^126, then by the block scale: both exact), and issues
-// WN/8 mmas per 16 rows. fp32 accumulation over the whole K (no split-K: deterministic).
+// sorted token-expert pairs). The MXFP4 weights are the M operand (A, from registers), the bf16
+// activations the N operand (B, K-major, from shared memory). One CTA computes BM weight rows x
+// BN tokens. A pipeline stage holds KSTEPS K-steps of 64: per 16-row tile KSTEPS fragment tiles
+// (layout::sm90_fragment, contiguous in memory: 512 code bytes + 32 scale bytes each) and BN
+// activation rows of 128 bytes per K-step in the 128-byte-swizzled K-major layout that wgmma
+// and ldmatrix read without bank conflicts (16-byte chunk c of row r at chunk c ^ (r % 8)).
+// Stages are filled with cp.async, STAGES deep. Each lane reads its own A fragment with one
+// 16-byte shared load and turns 8 E2M1 codes into four bf16x2 registers with integer ops
+// (mx::e2m1x2_to_bf16x2_pow2m126) and one bf16x2 multiply by 2^(scale-1) (two multiplies, by
+// 2^126 and 2^(scale-127), when a scale byte is 0 or above 128: both ways are exact).
+//
+// Two tensor-core paths, one per tile shape:
+//   mma.sync.m16n8k16 (decode: BN = 16; few tokens, DRAM-bound): each warp WM x WN, B
+//     fragments by ldmatrix.
+//   wgmma.m64nBNk16 with A from registers (mid/large: BN = 64/128): each warpgroup 64 rows x BN;
+//     a warp's register A fragment is exactly its 16-row fragment tile.
+// fp32 accumulation over the whole K (no split-K: deterministic).
 //
 // Epilogues (runtime, uniform per launch):
 //   gate_up_activation: rows come in layout::gate_up_rows order, so accumulator rows g and
 //     g+8 are gate and up of output j = 16-row-tile*8 + g: act(gate + b, up + b) -> act[s, j].
 //   weighted_down: (acc + b2) * routing weight -> ybuf[pair, n] (bf16).
-// Limits: K a multiple of 32 (the last K-step may be half empty: zero-filled); rows a multiple
-// of 16; B rows 16-byte aligned (K*2 bytes apart). Shapes are runtime values; the tile shape is
-// one of three instantiations (sm90_moe_gemm_{decode,mid,large}.cu).
+// Limits: K a multiple of 32 (the tail is zero-filled); rows a multiple of 16; B rows 16-byte
+// aligned. Shapes are runtime values; the tile shapes are the three instantiations below.
 #pragma once
 
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <utility>
 
 #include <cute/arch/copy_sm75.hpp>
 #include <cute/arch/copy_sm80.hpp>
 #include <cute/arch/mma_sm80.hpp>
+#include <cute/arch/mma_sm90_gmma.hpp>
 
 #include "mxmoe/activation.h"
 #include "mxmoe/dtype.h"
@@ -36,28 +45,29 @@
 
 namespace mxmoe::cuda::sm90 {
 
-template <int BM_, int BN_, int WM_, int WN_, int STAGES_>
+template <int BM_, int BN_, int WM_, int WN_, int STAGES_, int KSTEPS_, bool WGMMA_>
 struct gemm_tile {
-  static constexpr int BM = BM_, BN = BN_, WM = WM_, WN = WN_, STAGES = STAGES_;
-  static constexpr int BK = layout::sm90_fragment::kTileCols;  // 64
+  static constexpr int BM = BM_, BN = BN_, WM = WM_, WN = WN_, STAGES = STAGES_, KSTEPS = KSTEPS_;
+  static constexpr bool WGMMA = WGMMA_;
   static constexpr int WARPS_M = BM / WM, WARPS_N = BN / WN;
   static constexpr int THREADS = WARPS_M * WARPS_N * 32;
   static constexpr int MT = WM / 16;  // 16-row fragment tiles per warp
   static constexpr int NT = WN / 8;   // n8 token tiles per warp
   static constexpr int A_TILES = BM / 16;
-  static constexpr int A_BYTES = A_TILES * layout::sm90_fragment::kTileBytes;
-  static constexpr int S_BYTES = A_TILES * layout::sm90_fragment::kTileScaleBytes;
-  static constexpr int B_BYTES = BN * BK * 2;
-  static constexpr int STAGE_BYTES = A_BYTES + S_BYTES + B_BYTES;
-  static constexpr int SMEM_BYTES = STAGES * STAGE_BYTES + BN * 8;  // + per-row indices
+  static constexpr int B_BYTES = KSTEPS * BN * 128;  // first: 1024-aligned for wgmma descriptors
+  static constexpr int A_BYTES = A_TILES * KSTEPS * layout::sm90_fragment::kTileBytes;
+  static constexpr int S_BYTES = A_TILES * KSTEPS * layout::sm90_fragment::kTileScaleBytes;
+  static constexpr int STAGE_BYTES = (B_BYTES + A_BYTES + S_BYTES + 1023) / 1024 * 1024;
+  static constexpr int SMEM_BYTES = 1024 + STAGES * STAGE_BYTES + BN * 8;  // + alignment, row indices
   static_assert(BM % WM == 0 && BN % WN == 0 && WM % 16 == 0 && WN % 16 == 0, "tile shape");
-  static_assert(STAGE_BYTES % 128 == 0, "stages stay 128-byte aligned");
+  static_assert(!WGMMA || (WM == 16 && WN == BN && (BN == 64 || BN == 128) && WARPS_M % 4 == 0),
+                "wgmma: each warp one 16-row tile, warpgroups of 64 rows x BN");
 };
 
 // The three instantiations (one per translation unit) and what they are for.
-using decode_tile = gemm_tile<64, 16, 16, 16, 8>;   // few tokens per expert: DRAM-bound, deep pipeline
-using mid_tile = gemm_tile<128, 64, 32, 32, 4>;     // the 64-token transition
-using large_tile = gemm_tile<128, 128, 32, 64, 4>;  // prefill: tensor-core bound
+using decode_tile = gemm_tile<64, 16, 16, 16, 4, 4, false>;  // few tokens per expert: DRAM-bound
+using mid_tile = gemm_tile<128, 64, 16, 64, 4, 1, true>;     // the 64-token transition
+using large_tile = gemm_tile<128, 128, 16, 128, 4, 1, true>; // prefill: tensor-core bound
 
 cudaError_t allow_gemm_smem_decode();
 cudaError_t allow_gemm_smem_mid();
@@ -77,14 +87,65 @@ __device__ __forceinline__ uint32_t bf16x2_mul(uint32_t a, uint32_t b) {
   return d;
 }
 
-__device__ __forceinline__ uint32_t scale_bf16x2(uint32_t scale_byte) {
-  const uint32_t h = mx::e8m0_to_bf16_bits(static_cast<uint8_t>(scale_byte));
-  return h | (h << 16);
-}
-
 __device__ __forceinline__ void cp_async_16(void* smem, const void* gmem, bool pred) {
   cute::SM80_CP_ASYNC_CACHEGLOBAL_ZFILL<cute::uint128_t>::copy(
       *static_cast<const cute::uint128_t*>(gmem), *static_cast<cute::uint128_t*>(smem), pred);
+}
+
+// A lane's four bf16x2 A registers for each k16 step of one fragment tile, dequantized.
+// word j of `codes` is k16 step j; `scales` bytes: (g, kb0), (g+8, kb0), (g, kb1), (g+8, kb1).
+__device__ __forceinline__ void dequant_fragment(uint4 codes, uint32_t scales, uint32_t (&a)[4][4]) {
+  const uint32_t w[4] = {codes.x, codes.y, codes.z, codes.w};
+  // Common case: every scale byte in [1, 128], so 2^(s-1) is a normal bf16 and one multiply
+  // by it applies both the 2^126 of the code conversion and the block scale.
+  if (((__vsub4(scales, 0x01010101u)) & 0x80808080u) == 0) {
+    uint32_t m[4];
+#pragma unroll
+    for (int q = 0; q < 4; ++q) m[q] = (((scales >> (8 * q)) & 0xFFu) + 126u) * 0x00800080u;
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const uint32_t lo = m[(j >> 1) * 2], hi = m[(j >> 1) * 2 + 1];
+      a[j][0] = bf16x2_mul(mx::e2m1x2_to_bf16x2_pow2m126(w[j], 0), lo);
+      a[j][1] = bf16x2_mul(mx::e2m1x2_to_bf16x2_pow2m126(w[j], 4), hi);
+      a[j][2] = bf16x2_mul(mx::e2m1x2_to_bf16x2_pow2m126(w[j], 8), lo);
+      a[j][3] = bf16x2_mul(mx::e2m1x2_to_bf16x2_pow2m126(w[j], 12), hi);
+    }
+  } else {
+    const uint32_t c126 = static_cast<uint32_t>(mx::kBf16Pow2_126) * 0x00010001u;
+    uint32_t m[4];
+#pragma unroll
+    for (int q = 0; q < 4; ++q) m[q] = mx::e8m0_to_bf16_bits(static_cast<uint8_t>(scales >> (8 * q))) * 0x00010001u;
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const uint32_t lo = m[(j >> 1) * 2], hi = m[(j >> 1) * 2 + 1];
+#pragma unroll
+      for (int r = 0; r < 4; ++r)
+        a[j][r] = bf16x2_mul(bf16x2_mul(mx::e2m1x2_to_bf16x2_pow2m126(w[j], 4 * r), c126), (r & 1) ? hi : lo);
+    }
+  }
+}
+
+// wgmma descriptor of a K-major, 128-byte-swizzled bf16 tile (8-row atoms 1024 bytes apart).
+__device__ __forceinline__ uint64_t sw128_desc(const void* smem) {
+  const uint32_t addr = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
+  return static_cast<uint64_t>((addr & 0x3FFFFu) >> 4) | (uint64_t{1} << 16) | (uint64_t{1024 >> 4} << 32) |
+         (uint64_t{1} << 62);
+}
+
+template <int BN>
+struct wgmma_rs;
+template <>
+struct wgmma_rs<64> {
+  using op = cute::SM90::GMMA::MMA_64x64x16_F32BF16BF16_RS<cute::SM90::GMMA::Major::K, cute::SM90::GMMA::Major::K>;
+};
+template <>
+struct wgmma_rs<128> {
+  using op = cute::SM90::GMMA::MMA_64x128x16_F32BF16BF16_RS<cute::SM90::GMMA::Major::K, cute::SM90::GMMA::Major::K>;
+};
+
+template <int BN, size_t... I>
+__device__ __forceinline__ void wgmma_call(const uint32_t (&a)[4], uint64_t desc, float* d, std::index_sequence<I...>) {
+  wgmma_rs<BN>::op::fma(a[0], a[1], a[2], a[3], desc, d[I]...);
 }
 
 }  // namespace detail
@@ -96,10 +157,10 @@ __device__ __forceinline__ void gemm_tile_body(uint8_t* smem, const tile_desc td
   const layout::sm90_fragment frag{w.rows, w.cols};
   const int row_tiles = static_cast<int>(frag.row_tiles()), col_tiles = static_cast<int>(frag.col_tiles());
   const int row_tile0 = blockIdx.x * Cfg::A_TILES;
-
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int wm = warp % Cfg::WARPS_M, wn = warp / Cfg::WARPS_M;
   const int K = static_cast<int>(w.cols);
+  const int ksteps = (col_tiles + Cfg::KSTEPS - 1) / Cfg::KSTEPS;
 
   // Per B row: the activation row it reads, and (GEMM2) the pair it writes.
   int* row_src = reinterpret_cast<int*>(smem + Cfg::STAGES * Cfg::STAGE_BYTES);
@@ -119,29 +180,32 @@ __device__ __forceinline__ void gemm_tile_body(uint8_t* smem, const tile_desc td
   const uint8_t* a_codes = w.codes + td.expert * w.expert_code_stride;
   const uint8_t* a_scales = w.scales + td.expert * w.expert_scale_stride;
 
-  auto load_stage = [&](int stage, int kt) {
-    uint8_t* sa = smem + stage * Cfg::STAGE_BYTES;
+  // Stage layout: [B: KSTEPS][BN][128 B] [A: A_TILES][KSTEPS][512 B] [S: A_TILES][KSTEPS][32 B]
+  auto load_stage = [&](int stage, int ks0) {
+    uint8_t* sb = smem + stage * Cfg::STAGE_BYTES;
+    uint8_t* sa = sb + Cfg::B_BYTES;
     uint8_t* ss = sa + Cfg::A_BYTES;
-    uint8_t* sb = ss + Cfg::S_BYTES;
-    for (int c = tid; c < Cfg::A_TILES * 32; c += Cfg::THREADS) {
-      const int t = c >> 5, rt = row_tile0 + t;
-      const bool ok = rt < row_tiles;
-      const uint8_t* src = a_codes + (static_cast<int64_t>(ok ? rt : 0) * col_tiles + kt) * 512 + (c & 31) * 16;
+    const int kt0 = ks0 * Cfg::KSTEPS;
+    constexpr int kAChunks = Cfg::KSTEPS * 32, kSChunks = Cfg::KSTEPS * 2;
+    for (int c = tid; c < Cfg::A_TILES * kAChunks; c += Cfg::THREADS) {
+      const int t = c / kAChunks, q = c % kAChunks, rt = row_tile0 + t, kt = kt0 + q / 32;
+      const bool ok = rt < row_tiles && kt < col_tiles;
+      const uint8_t* src = a_codes + (ok ? (static_cast<int64_t>(rt) * col_tiles + kt0) * 512 + q * 16 : 0);
       detail::cp_async_16(sa + c * 16, src, ok);
     }
-    for (int c = tid; c < Cfg::A_TILES * 2; c += Cfg::THREADS) {
-      const int t = c >> 1, rt = row_tile0 + t;
-      const bool ok = rt < row_tiles;
-      const uint8_t* src = a_scales + (static_cast<int64_t>(ok ? rt : 0) * col_tiles + kt) * 32 + (c & 1) * 16;
+    for (int c = tid; c < Cfg::A_TILES * kSChunks; c += Cfg::THREADS) {
+      const int t = c / kSChunks, q = c % kSChunks, rt = row_tile0 + t, kt = kt0 + q / 2;
+      const bool ok = rt < row_tiles && kt < col_tiles;
+      const uint8_t* src = a_scales + (ok ? (static_cast<int64_t>(rt) * col_tiles + kt0) * 32 + q * 16 : 0);
       detail::cp_async_16(ss + c * 16, src, ok);
     }
-    for (int c = tid; c < Cfg::BN * 8; c += Cfg::THREADS) {
-      const int r = c >> 3, q = c & 7;
+    for (int c = tid; c < Cfg::KSTEPS * Cfg::BN * 8; c += Cfg::THREADS) {
+      const int s = c / (Cfg::BN * 8), r = (c / 8) % Cfg::BN, q = c & 7;
       const int src_row = row_src[r];
-      const int k0 = kt * Cfg::BK + q * 8;
+      const int k0 = (kt0 + s) * 64 + q * 8;
       const bool ok = src_row >= 0 && k0 < K;
       const uint16_t* src = b_rows + (ok ? static_cast<int64_t>(src_row) * K + k0 : 0);
-      detail::cp_async_16(sb + r * 128 + ((q ^ (r & 7)) << 4), src, ok);
+      detail::cp_async_16(sb + (s * Cfg::BN + r) * 128 + ((q ^ (r & 7)) << 4), src, ok);
     }
   };
 
@@ -153,69 +217,78 @@ __device__ __forceinline__ void gemm_tile_body(uint8_t* smem, const tile_desc td
 #pragma unroll
       for (int q = 0; q < 4; ++q) acc[mi][ni][q] = 0.0f;
 
-  const uint32_t pow2_126 = static_cast<uint32_t>(mx::kBf16Pow2_126) * 0x00010001u;
   const int g = lane >> 2;
 
 #pragma unroll
   for (int s = 0; s < Cfg::STAGES - 1; ++s) {
-    if (s < col_tiles) load_stage(s, s);
+    if (s < ksteps) load_stage(s, s);
     cute::cp_async_fence();
   }
 
-  for (int kt = 0; kt < col_tiles; ++kt) {
+  for (int ks = 0; ks < ksteps; ++ks) {
     cute::cp_async_wait<Cfg::STAGES - 2>();
+    if constexpr (Cfg::WGMMA) asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
     __syncthreads();
     {
-      const int nk = kt + Cfg::STAGES - 1;
-      if (nk < col_tiles) load_stage(nk % Cfg::STAGES, nk);
+      const int nk = ks + Cfg::STAGES - 1;
+      if (nk < ksteps) load_stage(nk % Cfg::STAGES, nk);
       cute::cp_async_fence();
     }
-    const uint8_t* sa = smem + (kt % Cfg::STAGES) * Cfg::STAGE_BYTES;
+    const uint8_t* sb = smem + (ks % Cfg::STAGES) * Cfg::STAGE_BYTES;
+    const uint8_t* sa = sb + Cfg::B_BYTES;
     const uint8_t* ss = sa + Cfg::A_BYTES;
-    const uint8_t* sb = ss + Cfg::S_BYTES;
-
-    uint4 af[Cfg::MT];
-    uint32_t sc[Cfg::MT][4];  // [kb*2 + row half]: bf16x2 scale multipliers
-#pragma unroll
-    for (int mi = 0; mi < Cfg::MT; ++mi) {
-      const int t = wm * Cfg::MT + mi;
-      af[mi] = *reinterpret_cast<const uint4*>(sa + t * 512 + lane * 16);
-      const uint32_t sw = *reinterpret_cast<const uint32_t*>(ss + t * 32 + g * 4);
-#pragma unroll
-      for (int q = 0; q < 4; ++q) sc[mi][q] = detail::scale_bf16x2((sw >> (8 * q)) & 0xFFu);
-    }
 
 #pragma unroll
-    for (int j = 0; j < 4; ++j) {  // k16 steps of this 64-wide K-step
-      uint32_t bf[Cfg::NT][2];
-#pragma unroll
-      for (int np = 0; np < Cfg::NT / 2; ++np) {
-        const int row = wn * Cfg::WN + np * 16 + (lane & 7) + ((lane >> 4) << 3);
-        const int chunk = j * 2 + ((lane >> 3) & 1);
-        const void* addr = sb + row * 128 + ((chunk ^ (row & 7)) << 4);
-        cute::SM75_U32x4_LDSM_N::copy(*static_cast<const cute::uint128_t*>(addr), bf[2 * np][0], bf[2 * np][1],
-                                      bf[2 * np + 1][0], bf[2 * np + 1][1]);
-      }
+    for (int kk = 0; kk < Cfg::KSTEPS; ++kk) {
+      uint32_t a[Cfg::MT][4][4];
 #pragma unroll
       for (int mi = 0; mi < Cfg::MT; ++mi) {
-        const uint32_t word = j == 0 ? af[mi].x : j == 1 ? af[mi].y : j == 2 ? af[mi].z : af[mi].w;
-        const uint32_t s_lo = sc[mi][(j >> 1) * 2 + 0], s_hi = sc[mi][(j >> 1) * 2 + 1];
-        const uint32_t a0 = detail::bf16x2_mul(detail::bf16x2_mul(mx::e2m1x2_to_bf16x2_pow2m126(word, 0), pow2_126), s_lo);
-        const uint32_t a1 = detail::bf16x2_mul(detail::bf16x2_mul(mx::e2m1x2_to_bf16x2_pow2m126(word, 4), pow2_126), s_hi);
-        const uint32_t a2 = detail::bf16x2_mul(detail::bf16x2_mul(mx::e2m1x2_to_bf16x2_pow2m126(word, 8), pow2_126), s_lo);
-        const uint32_t a3 = detail::bf16x2_mul(detail::bf16x2_mul(mx::e2m1x2_to_bf16x2_pow2m126(word, 12), pow2_126), s_hi);
+        const int t = wm * Cfg::MT + mi;
+        detail::dequant_fragment(*reinterpret_cast<const uint4*>(sa + (t * Cfg::KSTEPS + kk) * 512 + lane * 16),
+                                 *reinterpret_cast<const uint32_t*>(ss + (t * Cfg::KSTEPS + kk) * 32 + g * 4), a[mi]);
+      }
+      const uint8_t* sbk = sb + kk * Cfg::BN * 128;
+      if constexpr (Cfg::WGMMA) {
+        float* d = &acc[0][0][0];
 #pragma unroll
-        for (int ni = 0; ni < Cfg::NT; ++ni) {
-          float* c = acc[mi][ni];
-          cute::SM80_16x8x16_F32BF16BF16F32_TN::fma(c[0], c[1], c[2], c[3], a0, a1, a2, a3, bf[ni][0], bf[ni][1],
-                                                    c[0], c[1], c[2], c[3]);
+        for (int i = 0; i < Cfg::NT * 4; ++i) cute::warpgroup_fence_operand(d[i]);
+        cute::warpgroup_arrive();
+#pragma unroll
+        for (int j = 0; j < 4; ++j)
+          detail::wgmma_call<Cfg::BN>(a[0][j], detail::sw128_desc(sbk + j * 32), d,
+                                      std::make_index_sequence<Cfg::BN / 2>{});
+        cute::warpgroup_commit_batch();
+        cute::warpgroup_wait<0>();
+#pragma unroll
+        for (int i = 0; i < Cfg::NT * 4; ++i) cute::warpgroup_fence_operand(d[i]);
+      } else {
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+          uint32_t bf[Cfg::NT][2];
+#pragma unroll
+          for (int np = 0; np < Cfg::NT / 2; ++np) {
+            const int row = wn * Cfg::WN + np * 16 + (lane & 7) + ((lane >> 4) << 3);
+            const int chunk = j * 2 + ((lane >> 3) & 1);
+            const void* addr = sbk + row * 128 + ((chunk ^ (row & 7)) << 4);
+            cute::SM75_U32x4_LDSM_N::copy(*static_cast<const cute::uint128_t*>(addr), bf[2 * np][0], bf[2 * np][1],
+                                          bf[2 * np + 1][0], bf[2 * np + 1][1]);
+          }
+#pragma unroll
+          for (int mi = 0; mi < Cfg::MT; ++mi)
+#pragma unroll
+            for (int ni = 0; ni < Cfg::NT; ++ni) {
+              float* c = acc[mi][ni];
+              cute::SM80_16x8x16_F32BF16BF16F32_TN::fma(c[0], c[1], c[2], c[3], a[mi][j][0], a[mi][j][1], a[mi][j][2],
+                                                        a[mi][j][3], bf[ni][0], bf[ni][1], c[0], c[1], c[2], c[3]);
+            }
         }
       }
     }
   }
   cute::cp_async_wait<0>();
 
-  // ---- epilogue ----
+  // ---- epilogue: the accumulator layout of mma.sync (per n8 tile) and of each warp's part of
+  // a wgmma m64 tile are the same: (row g, tokens 2t, 2t+1) and (row g+8, same tokens).
   const int t4 = lane & 3;
   const int64_t expert = td.expert;
 #pragma unroll
@@ -250,10 +323,12 @@ __device__ __forceinline__ void gemm_tile_body(uint8_t* smem, const tile_desc td
 }
 
 template <class Cfg>
-__global__ void __launch_bounds__(Cfg::THREADS)
+__global__ void __launch_bounds__(Cfg::THREADS, 1)
     moe_gemm_kernel(gemm_weights w, const uint16_t* __restrict__ b_rows, moe_workspace ws, int top_k,
                     epilogue_kind ep, activation_config act) {
-  extern __shared__ __align__(128) uint8_t smem[];
+  extern __shared__ uint8_t smem_raw[];
+  // wgmma's 128-byte swizzle is a function of address bits 4..9: stages start 1024-aligned.
+  uint8_t* smem = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t{1023});
   const int num_tiles = *ws.num_tiles;
   for (int tile_id = blockIdx.y; tile_id < num_tiles; tile_id += gridDim.y)
     gemm_tile_body<Cfg>(smem, ws.tiles[tile_id], w, b_rows, ws, top_k, ep, act);
