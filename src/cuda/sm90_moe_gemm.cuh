@@ -180,32 +180,65 @@ __device__ __forceinline__ void gemm_tile_body(uint8_t* smem, const tile_desc td
   const uint8_t* a_codes = w.codes + td.expert * w.expert_code_stride;
   const uint8_t* a_scales = w.scales + td.expert * w.expert_scale_stride;
 
-  // Stage layout: [B: KSTEPS][BN][128 B] [A: A_TILES][KSTEPS][512 B] [S: A_TILES][KSTEPS][32 B]
+  // Stage layout: [B: KSTEPS][BN][128 B] [A: A_TILES][KSTEPS][512 B] [S: A_TILES][KSTEPS][32 B].
+  // Each thread copies the same chunks of every stage: their sources and destinations are
+  // worked out once here, so a stage costs an add and a cp.async per chunk.
+  constexpr int kAChunks = Cfg::A_TILES * Cfg::KSTEPS * 32, kSChunks = Cfg::A_TILES * Cfg::KSTEPS * 2;
+  constexpr int kBChunks = Cfg::KSTEPS * Cfg::BN * 8;
+  constexpr int kAPer = (kAChunks + Cfg::THREADS - 1) / Cfg::THREADS;
+  constexpr int kBPer = (kBChunks + Cfg::THREADS - 1) / Cfg::THREADS;
+  const uint8_t* a_src[kAPer];  // nullptr: chunk out of range or beyond the matrix rows
+  int a_kt[kAPer];              // K-step (fragment column tile) of the chunk within a stage
+  const uint16_t* b_src[kBPer];
+  int b_k[kBPer];  // element offset of the chunk within a stage's K range
+#pragma unroll
+  for (int i = 0; i < kAPer; ++i) {
+    const int c = tid + i * Cfg::THREADS;
+    const int t = c / (Cfg::KSTEPS * 32), q = c % (Cfg::KSTEPS * 32), rt = row_tile0 + t;
+    a_kt[i] = q / 32;
+    a_src[i] = c < kAChunks && rt < row_tiles ? a_codes + static_cast<int64_t>(rt) * col_tiles * 512 + q * 16 : nullptr;
+  }
+  const bool s_active = tid < kSChunks;
+  const int s_t = tid / (Cfg::KSTEPS * 2), s_q = tid % (Cfg::KSTEPS * 2);
+  const uint8_t* s_src =
+      s_active && row_tile0 + s_t < row_tiles ? a_scales + static_cast<int64_t>(row_tile0 + s_t) * col_tiles * 32 + s_q * 16
+                                             : nullptr;
+#pragma unroll
+  for (int i = 0; i < kBPer; ++i) {
+    const int c = tid + i * Cfg::THREADS;
+    const int st = c / (Cfg::BN * 8), r = (c / 8) % Cfg::BN, q = c & 7;
+    const int src_row = c < kBChunks ? row_src[r] : -1;
+    b_k[i] = st * 64 + q * 8;
+    b_src[i] = src_row >= 0 ? b_rows + static_cast<int64_t>(src_row) * K + b_k[i] : nullptr;
+  }
+  static_assert(Cfg::A_TILES * Cfg::KSTEPS * 2 <= Cfg::THREADS, "one scale chunk per thread at most");
+
   auto load_stage = [&](int stage, int ks0) {
     uint8_t* sb = smem + stage * Cfg::STAGE_BYTES;
     uint8_t* sa = sb + Cfg::B_BYTES;
     uint8_t* ss = sa + Cfg::A_BYTES;
     const int kt0 = ks0 * Cfg::KSTEPS;
-    constexpr int kAChunks = Cfg::KSTEPS * 32, kSChunks = Cfg::KSTEPS * 2;
-    for (int c = tid; c < Cfg::A_TILES * kAChunks; c += Cfg::THREADS) {
-      const int t = c / kAChunks, q = c % kAChunks, rt = row_tile0 + t, kt = kt0 + q / 32;
-      const bool ok = rt < row_tiles && kt < col_tiles;
-      const uint8_t* src = a_codes + (ok ? (static_cast<int64_t>(rt) * col_tiles + kt0) * 512 + q * 16 : 0);
-      detail::cp_async_16(sa + c * 16, src, ok);
+#pragma unroll
+    for (int i = 0; i < kAPer; ++i) {
+      const int c = tid + i * Cfg::THREADS;
+      if (kAChunks % Cfg::THREADS == 0 || c < kAChunks) {
+        const bool ok = a_src[i] != nullptr && kt0 + a_kt[i] < col_tiles;
+        detail::cp_async_16(sa + c * 16, ok ? a_src[i] + static_cast<int64_t>(kt0) * 512 : a_codes, ok);
+      }
     }
-    for (int c = tid; c < Cfg::A_TILES * kSChunks; c += Cfg::THREADS) {
-      const int t = c / kSChunks, q = c % kSChunks, rt = row_tile0 + t, kt = kt0 + q / 2;
-      const bool ok = rt < row_tiles && kt < col_tiles;
-      const uint8_t* src = a_scales + (ok ? (static_cast<int64_t>(rt) * col_tiles + kt0) * 32 + q * 16 : 0);
-      detail::cp_async_16(ss + c * 16, src, ok);
+    if (s_active) {
+      const bool ok = s_src != nullptr && kt0 + s_q / 2 < col_tiles;
+      detail::cp_async_16(ss + tid * 16, ok ? s_src + static_cast<int64_t>(kt0) * 32 : a_scales, ok);
     }
-    for (int c = tid; c < Cfg::KSTEPS * Cfg::BN * 8; c += Cfg::THREADS) {
-      const int s = c / (Cfg::BN * 8), r = (c / 8) % Cfg::BN, q = c & 7;
-      const int src_row = row_src[r];
-      const int k0 = (kt0 + s) * 64 + q * 8;
-      const bool ok = src_row >= 0 && k0 < K;
-      const uint16_t* src = b_rows + (ok ? static_cast<int64_t>(src_row) * K + k0 : 0);
-      detail::cp_async_16(sb + (s * Cfg::BN + r) * 128 + ((q ^ (r & 7)) << 4), src, ok);
+#pragma unroll
+    for (int i = 0; i < kBPer; ++i) {
+      const int c = tid + i * Cfg::THREADS;
+      if (kBChunks % Cfg::THREADS == 0 || c < kBChunks) {
+        const int st = c / (Cfg::BN * 8), r = (c / 8) % Cfg::BN, q = c & 7;
+        const bool ok = b_src[i] != nullptr && kt0 * 64 + b_k[i] < K;
+        detail::cp_async_16(sb + (st * Cfg::BN + r) * 128 + ((q ^ (r & 7)) << 4), ok ? b_src[i] + kt0 * 64 : b_rows,
+                            ok);
+      }
     }
   };
 
@@ -322,8 +355,10 @@ __device__ __forceinline__ void gemm_tile_body(uint8_t* smem, const tile_desc td
   __syncthreads();  // the next tile reuses shared memory
 }
 
+// Two CTAs per SM for the wgmma shapes (one's barrier and dequantization overlap the other's
+// tensor-core work), three for decode (more loads in flight).
 template <class Cfg>
-__global__ void __launch_bounds__(Cfg::THREADS, 1)
+__global__ void __launch_bounds__(Cfg::THREADS, Cfg::WGMMA ? 2 : 3)
     moe_gemm_kernel(gemm_weights w, const uint16_t* __restrict__ b_rows, moe_workspace ws, int top_k,
                     epilogue_kind ep, activation_config act) {
   extern __shared__ uint8_t smem_raw[];
@@ -335,9 +370,14 @@ __global__ void __launch_bounds__(Cfg::THREADS, 1)
 }
 
 // Outside any stream capture (moe_layer's constructor): more than 48 KB of shared memory.
+// The whole carveout goes to shared memory so that several CTAs fit on an SM.
 template <class Cfg>
 cudaError_t allow_gemm_smem() {
-  return cudaFuncSetAttribute(moe_gemm_kernel<Cfg>, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::SMEM_BYTES);
+  const cudaError_t e =
+      cudaFuncSetAttribute(moe_gemm_kernel<Cfg>, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::SMEM_BYTES);
+  if (e != cudaSuccess) return e;
+  return cudaFuncSetAttribute(moe_gemm_kernel<Cfg>, cudaFuncAttributePreferredSharedMemoryCarveout,
+                              cudaSharedmemCarveoutMaxShared);
 }
 
 template <class Cfg>
