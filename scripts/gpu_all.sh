@@ -5,7 +5,7 @@
 #   gpu_tests.json     GoogleTest results of mxmoe_gpu_tests
 #   bench_quantize.json, torch.json, bench_moe.json, roofline.png
 #   summary.txt        the short table printed last
-# Steps (MXMOE_STEPS, default all): tests sanitize quantize torch moe
+# Steps (MXMOE_STEPS, default all): tests sanitize cli quantize torch moe
 #   MXMOE_TOKENS   token counts for the layer benchmark (default 1,8,32,64,128,512,2048,8192,16384)
 #   MXMOE_SHAPES   shapes (default gpt-oss-120b,qwen3-30b-a3b,kimi-k2)
 #   MXMOE_COMMIT   commit recorded in the JSON
@@ -13,7 +13,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-$PWD/gpu-out}
 BIN=${MXMOE_BIN:-build/bin}
-STEPS=${MXMOE_STEPS:-tests sanitize quantize torch moe}
+STEPS=${MXMOE_STEPS:-tests sanitize cli quantize torch moe}
 TOKENS=${MXMOE_TOKENS:-1,8,32,64,128,512,2048,8192,16384}
 SHAPES=${MXMOE_SHAPES:-gpt-oss-120b,qwen3-30b-a3b,kimi-k2}
 COMMIT=${MXMOE_COMMIT:-unknown}
@@ -46,6 +46,23 @@ if has sanitize; then
     echo "sanitizer $tool exit $rc" | tee -a "$LOG"
     [ "$rc" -eq 0 ] || status=1
   done
+fi
+if has cli; then
+  # The command line's GPU paths: the main job, quantize on the GPU, run from a checkpoint and
+  # from presets (verified against the CPU reference; non-zero exit on failure), bench.
+  step "command line on the GPU"
+  d=$(mktemp -d)
+  run_cli() { echo "\$ mxmoe $*" | tee -a "$LOG"; "$BIN/mxmoe" "$@" >>"$LOG" 2>&1; rc=$?; echo "exit $rc: mxmoe $1" | tee -a "$LOG"; [ $rc -eq 0 ] || status=1; }
+  run_cli demo --keep "$d"
+  tail -n 12 "$LOG"
+  run_cli quantize "$d/demo-bf16.safetensors" "$d/q.safetensors" --rule even --device cuda
+  run_cli inspect "$d/q.safetensors" --source "$d/demo-bf16.safetensors"
+  run_cli run --checkpoint "$d/q.safetensors" --tokens 100 --device cuda
+  run_cli run --preset gpt-oss-120b --experts 8 --tokens 64 --device cuda
+  run_cli run --preset qwen3-30b-a3b --experts 32 --tokens 300 --device cuda
+  run_cli run --preset kimi-k2 --experts 16 --tokens 8 --device cuda
+  run_cli bench --shapes qwen3-30b-a3b --tokens 1,64 --iters 5
+  rm -rf "$d"
 fi
 if has quantize; then
   step "quantize benchmark"

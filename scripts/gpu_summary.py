@@ -27,15 +27,18 @@ log = open(os.path.join(out, "log.txt")).read() if os.path.exists(os.path.join(o
 for tool in ("memcheck", "racecheck"):
     m = re.search(rf"sanitizer {tool} exit (\d+)", log)
     if m:
-        errs = re.findall(r"ERROR SUMMARY: (\d+) error", log.split(f"compute-sanitizer {tool}")[-1])
+        part = log.split(f"compute-sanitizer {tool}")[-1]
+        errs = re.findall(r"(?:ERROR SUMMARY: (\d+) error|RACECHECK SUMMARY: \d+ hazards? displayed \((\d+) error)", part)
+        errs = [a or b for a, b in errs]
         print(f"compute-sanitizer {tool}: exit {m.group(1)}, errors {errs[-1] if errs else '?'}")
 q = load("bench_quantize.json")
 if q:
-    print(f"quantize (copy {q.get('copy_tbps', 0):.2f} TB/s):")
+    print(f"quantize / dequantize, {q.get('input', '?')} input (copy {q.get('copy_tbps', 0):.2f} TB/s), >= 256 MiB:")
+    print(f"  {'op':10s} {'rule':6s} {'scales':12s} {'MiB':>6s} {'us':>9s} {'GB/s':>7s} {'of copy':>8s}")
     for r in q.get("rows", []):
-        keys = ("op", "rule", "layout", "mib", "us", "gbps", "frac_copy")
-        print("  " + "  ".join(f"{k}={r[k]:.3g}" if isinstance(r.get(k), float) else f"{k}={r.get(k)}"
-                               for k in keys if k in r))
+        if r.get("mib_in", 0) >= 256:
+            print(f"  {r['op']:10s} {r['rule']:6s} {r['layout']:12s} {r['mib_in']:6.0f} {r['us']:9.1f} "
+                  f"{r['gbps']:7.0f} {100 * r['frac_copy']:7.1f}%")
 m = load("bench_moe.json")
 if m:
     print(f"MoE layer ({m['gpu']}, copy {m['copy_tbps']:.2f} TB/s, bf16 {m.get('bf16_tflops') or 0:.0f} TFLOP/s):")

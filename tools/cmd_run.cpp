@@ -202,7 +202,7 @@ command add_run_command(CLI::App& root) {
       "weights (--preset; --experts shrinks E to fit host memory) — on the chosen backend, then checks the output "
       "against the CPU reference (cpu::moe_forward in float64; float32 for GPU runs of more than 4e9 multiply-adds "
       "unless --reference f64) on the same weights and inputs. Prints rel-L2 and max abs error and the threshold "
-      "(1e-4 for the f32 CPU backend, 1e-2 for the bf16 GPU layer); exit code 1 when it fails.\n"
+      "(1e-4 for the f32 CPU backend, 4e-3 for the bf16 GPU layer); exit code 1 when it fails.\n"
       "Inputs: --inputs F with tensors \"x\" [T, H] and \"logits\" [T, E] (any float dtype; x is rounded to bf16), "
       "or generated from --seed (x ~ N(0,1); logits from the checkpoint's router weights when present, else N(0,1)).\n"
       "The routing and activation come from the checkpoint's mxmoe.moe_config metadata (written by quantize), else "

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "cli_common.h"
+#include "mxmoe/cuda.h"
 #include "mxmoe/moe.h"
 
 namespace mxmoe::cli {
@@ -42,7 +43,7 @@ struct verified_run {
 // the CPU backend accumulates in f32 (error ~1e-6); the GPU layer rounds its bf16 output and
 // bf16 intermediate activations (each ~2^-9 relative per element, ~0.3% rel-L2 together).
 inline constexpr double kCpuRelL2Threshold = 1e-4;
-inline constexpr double kCudaRelL2Threshold = 1e-2;
+inline constexpr double kCudaRelL2Threshold = cuda::kForwardRelL2Tolerance;
 
 // Runs the layer on `backend` and on the reference (f64, or f32 when `f64_reference` is false).
 verified_run run_and_verify(const moe_weights& w, const moe_config& cfg, const layer_inputs& in,

@@ -56,6 +56,13 @@ void dequantize(const tensor_view& packed, const tensor_view& scales, scale_layo
 void quantize_async(const tensor_view& x, mx::scale_rule rule, scale_layout layout, const tensor_view& packed,
                     const tensor_view& scales, quant_stats* device_stats, void* stream = nullptr);
 
+// How close forward() is to the float64 reference (cpu::moe_forward) on the same MXFP4 weights.
+// The layer rounds three things to bf16 that the reference keeps exact: the activation between
+// the GEMMs, each routing-weighted expert output and the final output (2^-9 relative each;
+// about 2e-3 relative L2 together on random data). docs/moe_layer.md has the derivation.
+inline constexpr double kForwardRelL2Tolerance = 4e-3;    // ||out - ref|| / ||ref||
+inline constexpr double kForwardMaxErrTolerance = 1.5e-2;  // max |out - ref| / max |ref|
+
 // The MoE layer, W4A16: bf16 activations, MXFP4 expert weights.
 class moe_layer {
  public:

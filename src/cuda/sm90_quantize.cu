@@ -12,11 +12,16 @@
 //     as written. Used when an address is not 16-byte aligned (and exercised by the tests so).
 // Scale bytes always come from mx::scale_from_amax (floor/even/rceil) or an exact replica of
 // mx::block_scale's `mse` search (same float operations in the same order, see mse_scale). The
-// per-element E2M1 encoding of the fast kernel rounds with a magic-number add instead of
-// mx::float_to_e2m1's compare chain; round_to_e2m1_grid explains why both give the same code.
-// Statistics: integer counts exact; signal and error sums per block in float (scaled units),
+// fast kernel encodes elements with exact floating-point steps instead of mx::float_to_e2m1's
+// compare chain (see "per-element encoding"): two elements per instruction in bf16x2 / f16x2
+// arithmetic for 16-bit inputs, so a bf16 element costs ~18 SASS instructions in the hot loop
+// (loads, amax, scale, encode, packing, statistics), against a budget of ~23 per element at 85 % of
+// the H200's copy bandwidth (docs/quantize_kernels.md has the napkin math).
+// Statistics: integer counts exact (clamped elements by a saturating packed FMA, flushed ones as
+// zero codes minus zero inputs); signal and error sums per block in float in units of the scale,
 // per thread in double, one partial per CTA, reduced in a fixed order by a one-CTA kernel.
 // Limits: at most 2^31 - 1 blocks per call; at most 4 leading dimensions that cannot be merged.
+#include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_pipeline.h>
 #include <cuda_runtime.h>
@@ -24,6 +29,7 @@
 
 #include <algorithm>
 #include <climits>
+#include <cstring>
 #include <cstdint>
 #include <string>
 
@@ -98,6 +104,7 @@ struct quant_params {
   row_map rows;
   scale_index scale;
   int64_t pad_entries;  // tiled padding bytes over all matrices (0 for linear)
+  bool dense;           // block g starts at element g * 32 (rows back to back): no row arithmetic
   stats_partial* partials;  // one per CTA
 };
 
@@ -223,19 +230,28 @@ __device__ __forceinline__ float element(const uint32_t* w, int i) {
   }
 }
 
-// Bits of max |x| over the block, ordered as mx::block_scale orders them (NaN above Inf).
+// Bits of max |x| over the block, ordered as mx::block_scale orders them (NaN above Inf), and
+// whether some element is +-0 (min |x| == 0).
 template <dtype D>
-__device__ __forceinline__ uint32_t amax_bits(const uint32_t* w) {
+__device__ __forceinline__ uint32_t amax_bits(const uint32_t* w, bool& has_zero) {
   if constexpr (D == dtype::f32) {
-    uint32_t m = 0;
+    uint32_t m = 0, z = 0x7FFFFFFFu;
 #pragma unroll
-    for (int i = 0; i < 32; ++i) m = max(m, w[i] & 0x7FFFFFFFu);
+    for (int i = 0; i < 32; ++i) {
+      m = max(m, w[i] & 0x7FFFFFFFu);
+      z = min(z, w[i] & 0x7FFFFFFFu);
+    }
+    has_zero = z == 0;
     return m;
   } else {
     // 16-bit magnitudes order like the float values they convert to, NaN above Inf included.
-    uint32_t m2 = 0;
+    uint32_t m2 = 0, z2 = 0x7FFF7FFFu;
 #pragma unroll
-    for (int i = 0; i < 16; ++i) m2 = __vmaxu2(m2, w[i] & 0x7FFF7FFFu);
+    for (int i = 0; i < 16; ++i) {
+      m2 = __vmaxu2(m2, w[i] & 0x7FFF7FFFu);
+      z2 = __vminu2(z2, w[i] & 0x7FFF7FFFu);
+    }
+    has_zero = (z2 & 0xFFFFu) == 0 || (z2 >> 16) == 0;
     const uint16_t m = static_cast<uint16_t>(max(m2 & 0xFFFFu, m2 >> 16));
     if constexpr (D == dtype::bf16) return mx::float_bits(bf16_to_float(m));
     return mx::float_bits(__half2float(__ushort_as_half(m)));
@@ -254,12 +270,6 @@ __device__ __forceinline__ float round_to_e2m1_grid(float a) {
   const uint32_t binade = mx::float_bits(fmaxf(a, 1.0f)) & 0x7F800000u;
   const float magic = mx::bits_float(binade + (22u << 23));
   return fminf(__fsub_rn(__fadd_rn(a, magic), magic), 6.0f);
-}
-
-// The E2M1 magnitude code of a grid value r: r * 2^-126 has the code's bits at 24..22 (code 1,
-// 0.5, lands on the subnormal 2^-127), as in mx::e2m1x2_to_bf16x2_pow2m126.
-__device__ __forceinline__ uint32_t grid_code(float r) {
-  return mx::float_bits(__fmul_rn(r, mx::bits_float(0x00800000u))) >> 22;
 }
 
 // mx::block_scale(x, scale_rule::mse) with the same float operations in the same order, so the
@@ -299,33 +309,218 @@ __device__ uint8_t mse_scale(const uint32_t* w, uint32_t amax) {
   return best;
 }
 
-// Encodes one block with `scale` (not 0xFF) like mx::quantize_block and adds its statistics.
+// ---- per-element encoding -----------------------------------------------------------------------
+//
+// Every element goes through the same exact steps, in the scaled domain y = |x| * 2^k, k = 127 - scale
+// (a power of two, so y is exact wherever it is a normal number; a y small enough to round is far
+// below 0.25 and encodes as 0 either way):
+//   1. yc = min(y, 6) where y can exceed 7 (floor, mse): values in [7, 8) would round to 8.
+//   2. E = the power of two of max(yc, 1), by masking the exponent bits (1 below 2, else 2 or 4).
+//   3. s = E * 2^(p-2) + yc, rounded once (p: the format's precision). The sum lies in
+//      [E * 2^(p-2), E * 2^(p-1)) whose ulp is E/2, the E2M1 grid step around yc (0.5 below 2, 1 in
+//      [2, 4), 2 in [4, 8)), so the add rounds yc to the grid, ties to the even multiple of the step;
+//      the even multiples are the even codes, which are mx::float_to_e2m1's tie winners.
+//   4. q = s * 2^emin - E * 2^(p-2+emin), one FMA, exact: q = r * 2^emin for the grid value r, which
+//      in the format's bits is the 3-bit magnitude code at the exponent's lowest bit (code 1, 0.5,
+//      is the subnormal 2^(emin-1)): bits 8..6 for bf16, 11..9 for f16, 24..22 for f32.
+//   5. d = y - q * 2^-emin = y - r, exact (y and r share the step): the element's error in units
+//      of the scale, for the statistics.
+// The 16-bit formats run steps 1..5 on two elements per instruction (bf16x2 / f16x2 FMA, 16-bit
+// SIMD min/max); f32 runs them per element. All of it is checked exhaustively on the host against
+// mx::float_to_e2m1(mx::mul_pow2(x, k)) for every bf16 / f16 x and every k an encode can see.
+//
+// A packed word q (codes at bits c..c+2 and 16+c..18+c) and the sign bits of its two inputs (bits 15
+// and 31) become one packed E2M1 byte, [sign1 code1 sign0 code0], in bits 31..24 of
+//   q * (2^(24-c) + 2^(12-c)) + signs * (2^12 + 1)
+// (the terms that land below bit 24 do not overlap, so nothing carries into the byte).
+
+// bits of 2^n in a 16-bit format, in both halves
+template <int kExpBits, int kBias>
+constexpr uint32_t splat_pow2(int n) {
+  return (static_cast<uint32_t>(n + kBias) << (15 - kExpBits)) * 0x10001u;
+}
+
 template <dtype D>
-__device__ __forceinline__ uint4 encode_block(const uint32_t* w, uint8_t scale, stats_acc& acc) {
-  const float f = mx::e8m0_to_float(static_cast<uint8_t>(254 - scale));  // 2^(127 - scale)
-  uint32_t words[4] = {0, 0, 0, 0};
-  uint32_t clamped = 0, flushed = 0;  // bit i: element i clamped / flushed (counted once per block)
-  float signal[2] = {0.0f, 0.0f}, error[2] = {0.0f, 0.0f};  // two chains: shorter, more accurate
-#pragma unroll
-  for (int i = 0; i < 32; ++i) {
-    const float x = element<D>(w, i);
-    const float a = fabsf(__fmul_rn(x, f));
-    const float r = round_to_e2m1_grid(a);
-    const uint32_t code = grid_code(r) | ((mx::float_bits(x) >> 28) & 8u);
-    words[i >> 3] |= code << (4 * (i & 7));
-    if (a > mx::kE2M1Max) clamped |= 1u << i;
-    if (r == 0.0f && x != 0.0f) flushed |= 1u << i;
-    signal[i & 1] = fmaf(x, x, signal[i & 1]);
-    const float d = a - r;
-    error[i & 1] = fmaf(d, d, error[i & 1]);
+struct packed_format;
+
+template <>
+struct packed_format<dtype::bf16> {
+  using vec = __nv_bfloat162;
+  static constexpr int kPrecision = 8, kMinExp = -126, kCodeShift = 6;
+  static constexpr uint32_t kExponent = 0x7F807F80u, kOne = 0x3F803F80u, kSix = 0x40C040C0u, kMinus1536 = 0xC4C0C4C0u;
+  static constexpr uint32_t pow2(int n) { return splat_pow2<8, 127>(n); }
+  __device__ static float lo(uint32_t v) { return __uint_as_float(v << 16); }
+  __device__ static float hi(uint32_t v) { return __uint_as_float(v & 0xFFFF0000u); }
+  __device__ static float sum(vec v) { return __low2float(v) + __high2float(v); }
+};
+
+template <>
+struct packed_format<dtype::f16> {
+  using vec = __half2;
+  static constexpr int kPrecision = 11, kMinExp = -14, kCodeShift = 9;
+  static constexpr uint32_t kExponent = 0x7C007C00u, kOne = 0x3C003C00u, kSix = 0x46004600u, kMinus1536 = 0xE600E600u;
+  static constexpr uint32_t pow2(int n) { return splat_pow2<5, 15>(n); }
+  __device__ static float lo(uint32_t v) { return __half2float(__ushort_as_half(static_cast<unsigned short>(v))); }
+  __device__ static float hi(uint32_t v) { return __half2float(__ushort_as_half(static_cast<unsigned short>(v >> 16))); }
+  __device__ static float sum(vec v) { return __low2float(v) + __high2float(v); }
+};
+
+template <class V>
+__device__ __forceinline__ V as_vec(uint32_t u) {
+  V v;
+  memcpy(&v, &u, sizeof v);
+  return v;
+}
+template <class V>
+__device__ __forceinline__ uint32_t vec_bits(V v) {
+  uint32_t u;
+  memcpy(&u, &v, sizeof u);
+  return u;
+}
+
+// Bits 31..24: the packed E2M1 byte of a word's two elements (see above).
+template <int kCodeShift>
+__device__ __forceinline__ uint32_t gather_byte(uint32_t q, uint32_t x) {
+  constexpr uint32_t kSpread = (1u << (24 - kCodeShift)) + (1u << (12 - kCodeShift));
+  return q * kSpread + (x & 0x80008000u) * 0x1001u;
+}
+
+// Bytes 3 of four gathered words, in order.
+__device__ __forceinline__ uint32_t pack_bytes3(const uint32_t (&g)[4]) {
+  return __byte_perm(__byte_perm(g[0], g[1], 0x0073), __byte_perm(g[2], g[3], 0x0073), 0x5410);
+}
+
+// Number of the 8 codes of a packed word whose magnitude is not 0.
+__device__ __forceinline__ int nonzero_codes(uint32_t packed) {
+  return __popc(((packed & 0x77777777u) + 0x77777777u) & 0x88888888u);
+}
+
+// Per-block result of an encode: the 16 packed bytes and the integer statistics.
+struct block_codes {
+  uint4 packed;
+  int nonzero;  // codes with a non-zero magnitude
+  int clamped;  // elements with |x| * 2^k > 6
+};
+
+// kClamp: y may reach 7 (floor: y < 8; mse: y < 16). kCountClamped: y may exceed 6 (all but rceil,
+// where amax * 2^k <= 6 by construction). Signal and error sums are accumulated in units of the
+// scale: y and d are at most 16, so the squares can neither overflow nor lose the small elements
+// that matter (an element far below the block's amax adds far below float's precision anyway).
+template <dtype D, bool kClamp, bool kCountClamped>
+__device__ __forceinline__ block_codes encode_block_packed(const uint32_t* w, uint8_t scale, float& signal,
+                                                           float& error) {
+  using F = packed_format<D>;
+  using V = typename F::vec;
+  const int k = 127 - scale;  // scale <= 253 here: 2^k is a normal bf16
+  V scale1, scale2;
+  if constexpr (D == dtype::bf16) {
+    scale1 = as_vec<V>(F::pow2(k));
+  } else {
+    // 2^k in two exact steps: for f16 input k <= 27 (amax >= 2^-24) unless the block is all zero.
+    const int k1 = max(-15, min(k, 15)), k2 = max(0, min(k - k1, 15));
+    scale1 = as_vec<V>(k1 == -15 ? 0x02000200u : F::pow2(k1));  // 2^-15 is an f16 subnormal
+    scale2 = as_vec<V>(F::pow2(k2));
   }
-  acc.clamped += __popc(clamped);
-  acc.flushed += __popc(flushed);
-  acc.saturated += clamped != 0 ? 1u : 0u;
-  const double unit = mx::e8m0_to_float(scale);  // errors above are in units of the scale
-  acc.signal += static_cast<double>(signal[0] + signal[1]);
-  acc.error += static_cast<double>(error[0] + error[1]) * unit * unit;
-  return make_uint4(words[0], words[1], words[2], words[3]);
+  const V magic = as_vec<V>(F::pow2(F::kPrecision - 2));
+  const V code_scale = as_vec<V>(F::pow2(F::kMinExp));
+  const V neg_magic_code = as_vec<V>(F::pow2(F::kPrecision - 2 + F::kMinExp) | 0x80008000u);
+  const V neg_code_unscale = as_vec<V>(F::pow2(-F::kMinExp) | 0x80008000u);
+  const V clamp_slope = as_vec<V>(F::pow2(8)), clamp_offset = as_vec<V>(F::kMinus1536);
+  V clamped2 = as_vec<V>(0u);
+  float sig[2] = {0.0f, 0.0f}, err[2] = {0.0f, 0.0f};
+  uint32_t out[4];
+  int nonzero = 0;
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    uint32_t g[4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const uint32_t x = w[4 * j + i];
+      V yv = __hmul2(__habs2(as_vec<V>(x)), scale1);
+      if constexpr (D == dtype::f16) yv = __hmul2(yv, scale2);
+      const uint32_t y = vec_bits(yv);
+      const uint32_t yc = kClamp ? __vminu2(y, F::kSix) : y;  // bit order = value order for y >= 0
+      const V e = as_vec<V>(__vmaxu2(yc, F::kOne) & F::kExponent);
+      const V s = __hfma2(e, magic, as_vec<V>(yc));
+      const uint32_t q = vec_bits(__hfma2(s, code_scale, __hmul2(e, neg_magic_code)));
+      const uint32_t d = vec_bits(__hfma2(as_vec<V>(q), neg_code_unscale, yv));
+      g[i] = gather_byte<F::kCodeShift>(q, x);
+      sig[0] = fmaf(F::lo(y), F::lo(y), sig[0]);
+      sig[1] = fmaf(F::hi(y), F::hi(y), sig[1]);
+      err[0] = fmaf(F::lo(d), F::lo(d), err[0]);
+      err[1] = fmaf(F::hi(d), F::hi(d), err[1]);
+      if constexpr (kCountClamped) {
+        // 256 * y - 1536 >= 1 exactly when y > 6 (y's step above 4 is at least 2^-8): 1 or 0.
+        clamped2 = __hadd2(clamped2, __hfma2_sat(yv, clamp_slope, clamp_offset));
+      }
+    }
+    out[j] = pack_bytes3(g);
+    nonzero += nonzero_codes(out[j]);
+  }
+  signal = sig[0] + sig[1];
+  error = err[0] + err[1];
+  return {make_uint4(out[0], out[1], out[2], out[3]), nonzero,
+          kCountClamped ? static_cast<int>(F::sum(clamped2)) : 0};
+}
+
+// f32 input: the same steps per element; the upper halves of two elements' q and x form a bf16x2
+// style word (code at bits 8..6 and 24..22, signs at 15 and 31) for gather_byte.
+template <bool kClamp, bool kCountClamped>
+__device__ __forceinline__ block_codes encode_block_f32(const uint32_t* w, uint8_t scale, float& signal, float& error) {
+  const float f = mx::bits_float(static_cast<uint32_t>(254 - scale) << 23);  // 2^k, normal for scale <= 253
+  float sig[2] = {0.0f, 0.0f}, err[2] = {0.0f, 0.0f};
+  uint32_t out[4];
+  int nonzero = 0, clamped = 0;
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    uint32_t g[4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      uint32_t q[2];
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const float y = __fmul_rn(__uint_as_float(w[8 * j + 2 * i + h] & 0x7FFFFFFFu), f);
+        const float yc = kClamp ? fminf(y, 6.0f) : y;
+        const float e = __uint_as_float(__float_as_uint(fmaxf(yc, 1.0f)) & 0x7F800000u);
+        const float s = __fmaf_rn(e, 0x1p22f, yc);
+        const float qf = __fmaf_rn(s, 0x1p-126f, -__fmul_rn(e, 0x1p-104f));
+        const float d = __fmaf_rn(qf, -0x1p126f, y);
+        q[h] = __float_as_uint(qf);
+        sig[h] = __fmaf_rn(y, y, sig[h]);
+        err[h] = __fmaf_rn(d, d, err[h]);
+        if constexpr (kCountClamped) clamped += y > mx::kE2M1Max ? 1 : 0;
+      }
+      g[i] = gather_byte<6>(__byte_perm(q[0], q[1], 0x7632),
+                            __byte_perm(w[8 * j + 2 * i], w[8 * j + 2 * i + 1], 0x7632));
+    }
+    out[j] = pack_bytes3(g);
+    nonzero += nonzero_codes(out[j]);
+  }
+  signal = sig[0] + sig[1];
+  error = err[0] + err[1];
+  return {make_uint4(out[0], out[1], out[2], out[3]), nonzero, clamped};
+}
+
+template <dtype D, scale_rule R>
+__device__ __forceinline__ block_codes encode_block(const uint32_t* w, uint8_t scale, float& signal, float& error) {
+  constexpr bool kClamp = R == scale_rule::floor || R == scale_rule::mse;
+  constexpr bool kCountClamped = R != scale_rule::rceil;
+  if constexpr (D == dtype::f32) return encode_block_f32<kClamp, kCountClamped>(w, scale, signal, error);
+  else return encode_block_packed<D, kClamp, kCountClamped>(w, scale, signal, error);
+}
+
+// Number of +-0 elements of a block (called only for blocks that have one).
+template <dtype D>
+__device__ int count_zeros(const uint32_t* w) {
+  int n = 0;
+  if constexpr (D == dtype::f32) {
+#pragma unroll
+    for (int i = 0; i < 32; ++i) n += (w[i] & 0x7FFFFFFFu) == 0 ? 1 : 0;
+  } else {
+#pragma unroll
+    for (int i = 0; i < 16; ++i) n += ((w[i] & 0x7FFFu) == 0 ? 1 : 0) + ((w[i] & 0x7FFF0000u) == 0 ? 1 : 0);
+  }
+  return n;
 }
 
 // 16-byte chunk c of a warp tile sits at c ^ ((c >> 3) & (chunks per block - 1)) in shared memory:
@@ -339,6 +534,17 @@ template <dtype D>
 __device__ __forceinline__ void issue_tile_loads(const quant_params& p, int tile, uint4* stage) {
   constexpr int kChunksPerBlock = 32 * elem_bytes<D>() / 16;
   const int lane = threadIdx.x & 31;
+  if (p.dense) {
+    // The tile is one contiguous range: chunk c is at byte c * 16 of it.
+    const uint8_t* base = p.x + int64_t{tile} * (32 * mx::kBlockSize * elem_bytes<D>());
+#pragma unroll
+    for (int i = 0; i < kChunksPerBlock; ++i) {
+      const int c = i * 32 + lane;
+      const bool valid = tile * 32 + c / kChunksPerBlock < p.total_blocks;
+      __pipeline_memcpy_async(stage + swizzle<kChunksPerBlock>(c), valid ? base + c * 16 : p.x, 16, valid ? 0 : 16);
+    }
+    return;
+  }
   const int g = tile * 32 + lane;
   int64_t src = -1;  // byte offset of this lane's block, -1 past the end
   if (g < p.total_blocks) {
@@ -390,13 +596,25 @@ __global__ void __launch_bounds__(kThreads) quantize_fast(const quant_params p) 
         w[4 * q + 2] = v.z;
         w[4 * q + 3] = v.w;
       }
-      const uint32_t amax = amax_bits<D>(w);
+      bool has_zero;
+      const uint32_t amax = amax_bits<D>(w, has_zero);
       uint8_t scale;
       if constexpr (R == scale_rule::mse) scale = mse_scale<D>(w, amax);
       else scale = mx::scale_from_amax(mx::bits_float(amax), R);
       uint4 out = make_uint4(0, 0, 0, 0);
-      if (scale == mx::kE8M0Nan) acc.nonfinite += 1;
-      else out = encode_block<D>(w, scale, acc);
+      if (scale == mx::kE8M0Nan) {
+        acc.nonfinite += 1;
+      } else {
+        float signal, error;  // in units of the scale
+        const block_codes c = encode_block<D, R>(w, scale, signal, error);
+        out = c.packed;
+        acc.clamped += c.clamped;
+        acc.saturated += c.clamped != 0 ? 1u : 0u;
+        acc.flushed += mx::kBlockSize - c.nonzero - (has_zero ? count_zeros<D>(w) : 0);
+        const double unit = mx::e8m0_to_float(scale);
+        acc.signal += static_cast<double>(signal) * unit * unit;
+        acc.error += static_cast<double>(error) * unit * unit;
+      }
       __stcs(reinterpret_cast<uint4*>(p.packed) + g, out);
       p.scales[p.scale.offset(g)] = scale;
     }
@@ -694,6 +912,7 @@ void quantize_async(const tensor_view& x, mx::scale_rule rule, scale_layout layo
   p.total_blocks = static_cast<int>(total_blocks_of(x));
   p.blocks_per_row = cutlass::FastDivmod(static_cast<int>(x.dim(-1) / mx::kBlockSize));
   p.rows = x.numel() > 0 ? make_row_map(x, &rows_aligned) : row_map{};
+  p.dense = p.rows.ndims == 1 && (p.rows.stride[0] == x.dim(-1) || x.numel() == x.dim(-1));
   p.scale = make_scale_index(x, layout);
   const int64_t lead_rows = x.dim(-2) > 0 ? x.numel() / x.dim(-1) / x.dim(-2) : 0;
   p.pad_entries = layout == scale_layout::tiled_128x4
