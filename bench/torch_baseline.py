@@ -21,6 +21,10 @@ SHAPES = {
     "gpt-oss-120b": (128, 2880, 2880, 4, "topk_softmax", "swiglu_clamped"),
     "qwen3-30b-a3b": (128, 2048, 768, 8, "softmax_topk", "silu_mul"),
     "kimi-k2": (384, 7168, 2048, 8, "sigmoid_topk", "silu_mul"),
+    # grouped routing simplified to plain sigmoid top-k: its cost is negligible next to the GEMMs
+    "deepseek-v3": (256, 7168, 2048, 8, "sigmoid_topk", "silu_mul"),
+    "gpt-oss-20b": (32, 2880, 2880, 4, "topk_softmax", "swiglu_clamped"),
+    "deepseek-v4-flash-like": (256, 4096, 2048, 6, "softmax_topk", "silu_mul"),
 }
 
 
@@ -85,7 +89,7 @@ def make_layer(E, H, I, k, routing, act):
             s = torch.sigmoid(logits)
             _, ids = torch.topk(s + bias, k, dim=-1)
             wts = torch.gather(s, 1, ids)
-            wts = wts / wts.sum(-1, keepdim=True) * 2.827
+            wts = wts / wts.sum(-1, keepdim=True) * 2.827  # Kimi-K2's factor; its value does not move the timing
         flat = ids.flatten()
         order = torch.argsort(flat, stable=True)
         counts = torch.zeros(E, device="cuda", dtype=torch.int32).scatter_add_(

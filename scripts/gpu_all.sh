@@ -7,7 +7,7 @@
 #   summary.txt        the short table printed last
 # Steps (MXMOE_STEPS, default all): tests sanitize cli quantize torch moe
 #   MXMOE_TOKENS   token counts for the layer benchmark (default 1,8,32,64,128,512,2048,8192,16384)
-#   MXMOE_SHAPES   shapes (default gpt-oss-120b,qwen3-30b-a3b,kimi-k2)
+#   MXMOE_SHAPES   shapes (default: the six of BRIEF §4)
 #   MXMOE_COMMIT   commit recorded in the JSON
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -15,7 +15,7 @@ OUT=${OUT:-$PWD/gpu-out}
 BIN=${MXMOE_BIN:-build/bin}
 STEPS=${MXMOE_STEPS:-tests sanitize cli quantize torch moe}
 TOKENS=${MXMOE_TOKENS:-1,8,32,64,128,512,2048,8192,16384}
-SHAPES=${MXMOE_SHAPES:-gpt-oss-120b,qwen3-30b-a3b,kimi-k2}
+SHAPES=${MXMOE_SHAPES:-gpt-oss-120b,qwen3-30b-a3b,kimi-k2,gpt-oss-20b,deepseek-v3,deepseek-v4-flash-like}
 COMMIT=${MXMOE_COMMIT:-unknown}
 mkdir -p "$OUT"
 LOG=$OUT/log.txt

@@ -134,7 +134,7 @@ int run_layer(const run_args& a) {
     source = a.checkpoint + " layer " + std::to_string(info.layer);
   } else {
     const model_preset* p = find_model_preset(a.preset);
-    MXMOE_CHECK_ARG(p != nullptr, "--preset", "gpt-oss-120b, gpt-oss-20b, qwen3-30b-a3b, deepseek-v3 or kimi-k2", a.preset);
+    MXMOE_CHECK_ARG(p != nullptr, "--preset", "one of " + model_preset_names(), a.preset);
     cfg = p->config;
     if (a.experts > 0) cfg.shape.experts = a.experts;
     validate(cfg);
@@ -212,7 +212,7 @@ command add_run_command(CLI::App& root) {
       "  mxmoe run --preset gpt-oss-120b --tokens 32 --device cuda --json");
   cmd->add_option("--checkpoint", a->checkpoint, "MXFP4 checkpoint (gpt-oss layout)")->check(CLI::ExistingFile);
   cmd->add_option("--layer", a->layer, "MoE layer index (default: the first one)")->check(CLI::NonNegativeNumber);
-  cmd->add_option("--preset", a->preset, "gpt-oss-120b | gpt-oss-20b | qwen3-30b-a3b | deepseek-v3 | kimi-k2");
+  cmd->add_option("--preset", a->preset, model_preset_names());
   cmd->add_option("--experts", a->experts, "with --preset: use this many experts instead of the model's")
       ->check(CLI::Range(int64_t{1}, int64_t{512}));
   cmd->add_option("--tokens", a->tokens, "tokens T when generating inputs (default 16)")

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <span>
+#include <string>
 #include <string_view>
 
 #include "mxmoe/moe.h"
@@ -18,5 +19,7 @@ struct model_preset {
 std::span<const model_preset> model_presets();
 // nullptr when unknown.
 const model_preset* find_model_preset(std::string_view name);
+// "a | b | c": the preset names, for help texts and error messages.
+std::string model_preset_names();
 
 }  // namespace mxmoe
