@@ -294,6 +294,17 @@ moe_config layer_config(const safetensors_reader& file, const moe_layer_info& in
   return c;
 }
 
+namespace {
+// The biases and router tensors a layer carries, whatever its weight format.
+void attach_layer_tensors(const safetensors_reader& file, const moe_layer_info& info, moe_weights& w) {
+  if (!info.b13.empty()) w.b13 = file.tensor(info.b13);
+  if (!info.b2.empty()) w.b2 = file.tensor(info.b2);
+  if (!info.router_weight.empty()) w.router_weight = file.tensor(info.router_weight);
+  if (!info.router_bias.empty()) w.router_bias = file.tensor(info.router_bias);
+  if (!info.correction_bias.empty()) w.correction_bias = file.tensor(info.correction_bias);
+}
+}  // namespace
+
 moe_weights mxfp4_weights(const safetensors_reader& file, const moe_layer_info& info) {
   MXMOE_CHECK_ARG(info.layout == moe_layout::mxfp4_gpt_oss, "checkpoint", "an MXFP4 layer",
                   std::string("a layer in layout ") + to_string(info.layout) + " (run `mxmoe quantize` first)");
@@ -304,11 +315,7 @@ moe_weights mxfp4_weights(const safetensors_reader& file, const moe_layer_info& 
   w.w13_scales = file.tensor(n.gate_up_scales);
   w.w2_blocks = file.tensor(n.down_blocks);
   w.w2_scales = file.tensor(n.down_scales);
-  if (!info.b13.empty()) w.b13 = file.tensor(info.b13);
-  if (!info.b2.empty()) w.b2 = file.tensor(info.b2);
-  if (!info.router_weight.empty()) w.router_weight = file.tensor(info.router_weight);
-  if (!info.router_bias.empty()) w.router_bias = file.tensor(info.router_bias);
-  if (!info.correction_bias.empty()) w.correction_bias = file.tensor(info.correction_bias);
+  attach_layer_tensors(file, info, w);
   return w;
 }
 
@@ -361,11 +368,7 @@ moe_weights bf16_weights(const safetensors_reader& file, const moe_layer_info& i
   w.format = weight_format::bf16;
   w.w13 = tensor_view(w13.data(), dtype::bf16, {E, 2 * I, H});
   w.w2 = tensor_view(w2.data(), dtype::bf16, {E, H, I});
-  if (!info.b13.empty()) w.b13 = file.tensor(info.b13);
-  if (!info.b2.empty()) w.b2 = file.tensor(info.b2);
-  if (!info.router_weight.empty()) w.router_weight = file.tensor(info.router_weight);
-  if (!info.router_bias.empty()) w.router_bias = file.tensor(info.router_bias);
-  if (!info.correction_bias.empty()) w.correction_bias = file.tensor(info.correction_bias);
+  attach_layer_tensors(file, info, w);
   return w;
 }
 
