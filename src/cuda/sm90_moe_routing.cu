@@ -22,7 +22,6 @@
 namespace mxmoe::cuda::sm90 {
 namespace {
 
-constexpr int kMaxExpertsPerLane = 16;  // E <= 512
 constexpr int kRouteWarps = 4;
 
 struct candidate {
@@ -47,13 +46,14 @@ __device__ __forceinline__ candidate warp_best(candidate c) {
 
 // Top-k of key[] (lane-strided: element lane + 32*q); `allowed` masks experts out.
 // Writes the chosen expert indices, best first, into sel[0..k).
-__device__ void warp_topk(const float (&key)[kMaxExpertsPerLane], uint32_t allowed, int experts, int k, int* sel) {
+template <int PER_LANE>
+__device__ void warp_topk(const float (&key)[PER_LANE], uint32_t allowed, int experts, int k, int* sel) {
   const int lane = threadIdx.x & 31;
   uint32_t taken = 0;
   for (int r = 0; r < k; ++r) {
     candidate c{0.0f, -1};
 #pragma unroll
-    for (int q = 0; q < kMaxExpertsPerLane; ++q) {
+    for (int q = 0; q < PER_LANE; ++q) {
       const int e = lane + 32 * q;
       if (e < experts && ((allowed >> q) & 1u) && !((taken >> q) & 1u) && better({key[q], e}, c)) c = {key[q], e};
     }
@@ -74,14 +74,18 @@ __device__ __forceinline__ float warp_sum(float v) {
   return v;
 }
 
-__device__ __forceinline__ float lane_value(const float (&a)[kMaxExpertsPerLane], int e) {
+template <int PER_LANE>
+__device__ __forceinline__ float lane_value(const float (&a)[PER_LANE], int e) {
   float v = 0.0f;
 #pragma unroll
-  for (int q = 0; q < kMaxExpertsPerLane; ++q)
+  for (int q = 0; q < PER_LANE; ++q)
     if (q == (e >> 5)) v = a[q];
   return __shfl_sync(0xFFFFFFFFu, v, e & 31);
 }
 
+// PER_LANE = ceil(E / 32) rounded up to 4, 8 or 16: the loops over a lane's experts are
+// unrolled, so a small E should not pay for 512.
+template <int PER_LANE>
 __global__ void __launch_bounds__(kRouteWarps * 32)
     route_kernel(const void* __restrict__ logits, bool logits_bf16, const float* __restrict__ correction_bias,
                  routing_config r, int tokens, int experts, moe_workspace ws) {
@@ -92,9 +96,9 @@ __global__ void __launch_bounds__(kRouteWarps * 32)
   const int t = blockIdx.x * kRouteWarps + warp;
   if (t >= tokens) return;
 
-  float l[kMaxExpertsPerLane];
+  float l[PER_LANE];
 #pragma unroll
-  for (int q = 0; q < kMaxExpertsPerLane; ++q) {
+  for (int q = 0; q < PER_LANE; ++q) {
     const int e = lane + 32 * q;
     float v = -FLT_MAX;
     if (e < experts) {
@@ -108,9 +112,9 @@ __global__ void __launch_bounds__(kRouteWarps * 32)
   float wsel = 0.0f;  // lane j < k holds slot j's weight
 
   if (r.kind == routing_kind::sigmoid_grouped_topk) {
-    float s[kMaxExpertsPerLane], choice[kMaxExpertsPerLane];
+    float s[PER_LANE], choice[PER_LANE];
 #pragma unroll
-    for (int q = 0; q < kMaxExpertsPerLane; ++q) {
+    for (int q = 0; q < PER_LANE; ++q) {
       const int e = lane + 32 * q;
       s[q] = 1.0f / (1.0f + expf(-l[q]));
       choice[q] = s[q] + ((correction_bias && e < experts) ? correction_bias[e] : 0.0f);
@@ -132,9 +136,9 @@ __global__ void __launch_bounds__(kRouteWarps * 32)
       group_score[warp][gi] = gsize == 1 ? b1 : b1 + b2;
     }
     __syncwarp();
-    float gkey[kMaxExpertsPerLane];
+    float gkey[PER_LANE];
 #pragma unroll
-    for (int q = 0; q < kMaxExpertsPerLane; ++q) {
+    for (int q = 0; q < PER_LANE; ++q) {
       const int gi = lane + 32 * q;
       gkey[q] = gi < r.n_group ? group_score[warp][gi] : -FLT_MAX;
     }
@@ -142,7 +146,7 @@ __global__ void __launch_bounds__(kRouteWarps * 32)
     __syncwarp();
     uint32_t allowed = 0;
 #pragma unroll
-    for (int q = 0; q < kMaxExpertsPerLane; ++q) {
+    for (int q = 0; q < PER_LANE; ++q) {
       const int gi = (lane + 32 * q) / gsize;
       bool keep = false;
       for (int j = 0; j < r.topk_group; ++j) keep |= sel[j] == gi;
@@ -165,11 +169,11 @@ __global__ void __launch_bounds__(kRouteWarps * 32)
     if (r.kind == routing_kind::softmax_topk) {
       float mx = -FLT_MAX;
 #pragma unroll
-      for (int q = 0; q < kMaxExpertsPerLane; ++q) mx = fmaxf(mx, l[q]);
+      for (int q = 0; q < PER_LANE; ++q) mx = fmaxf(mx, l[q]);
       mx = warp_max(mx);
       float den = 0.0f;
 #pragma unroll
-      for (int q = 0; q < kMaxExpertsPerLane; ++q)
+      for (int q = 0; q < PER_LANE; ++q)
         if (lane + 32 * q < experts) den += expf(l[q] - mx);
       den = warp_sum(den);
       float sum = 0.0f;
@@ -251,8 +255,14 @@ unsigned blocks_for(int64_t n, int threads) { return static_cast<unsigned>((n + 
 
 void launch_route(const void* logits, bool logits_bf16, const float* correction_bias, const routing_config& r,
                   int64_t tokens, int64_t experts, const moe_workspace& ws, cudaStream_t stream) {
-  route_kernel<<<blocks_for(tokens, kRouteWarps), kRouteWarps * 32, 0, stream>>>(
-      logits, logits_bf16, correction_bias, r, static_cast<int>(tokens), static_cast<int>(experts), ws);
+  const unsigned blocks = blocks_for(tokens, kRouteWarps);
+  const int t = static_cast<int>(tokens), e = static_cast<int>(experts);
+  if (experts <= 128)
+    route_kernel<4><<<blocks, kRouteWarps * 32, 0, stream>>>(logits, logits_bf16, correction_bias, r, t, e, ws);
+  else if (experts <= 256)
+    route_kernel<8><<<blocks, kRouteWarps * 32, 0, stream>>>(logits, logits_bf16, correction_bias, r, t, e, ws);
+  else
+    route_kernel<16><<<blocks, kRouteWarps * 32, 0, stream>>>(logits, logits_bf16, correction_bias, r, t, e, ws);
   MXMOE_CUDA_CHECK(cudaGetLastError());
 }
 
