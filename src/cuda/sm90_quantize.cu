@@ -17,9 +17,10 @@
 // arithmetic for 16-bit inputs, so a bf16 element costs ~18 SASS instructions in the hot loop
 // (loads, amax, scale, encode, packing, statistics), against a budget of ~23 per element at 85 % of
 // the H200's copy bandwidth (docs/quantize_kernels.md has the napkin math).
-// Statistics: integer counts exact (clamped elements by a saturating packed FMA, flushed ones as
-// zero codes minus zero inputs); signal and error sums per block in float in units of the scale,
-// per thread in double, one partial per CTA, reduced in a fixed order by a one-CTA kernel.
+// Statistics: integer counts exact (clamped elements by a packed compare, flushed ones as zero
+// codes minus zero inputs); signal and error sums per block in float in units of the scale, per
+// thread in double, one partial per CTA, reduced in a fixed order by a one-CTA kernel launched as a
+// programmatic dependent of the quantize kernel.
 // Limits: at most 2^31 - 1 blocks per call; at most 4 leading dimensions that cannot be merged.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -123,6 +124,15 @@ struct stats_acc {
   double signal = 0.0, error = 0.0;
 };
 
+__device__ __forceinline__ void add_partial(stats_partial& t, const stats_partial& o) {
+  t.saturated += o.saturated;
+  t.clamped += o.clamped;
+  t.flushed += o.flushed;
+  t.nonfinite += o.nonfinite;
+  t.signal += o.signal;
+  t.error += o.error;
+}
+
 // Sums the CTA's accumulators in a fixed order and writes them as partial blockIdx.x.
 __device__ void store_cta_stats(const stats_acc& acc, stats_partial* partials) {
   __shared__ stats_partial warp_sums[kWarpsPerCta];
@@ -140,42 +150,37 @@ __device__ void store_cta_stats(const stats_acc& acc, stats_partial* partials) {
   __syncthreads();
   if (threadIdx.x == 0) {
     stats_partial t = warp_sums[0];
-    for (int w = 1; w < kWarpsPerCta; ++w) {
-      t.saturated += warp_sums[w].saturated;
-      t.clamped += warp_sums[w].clamped;
-      t.flushed += warp_sums[w].flushed;
-      t.nonfinite += warp_sums[w].nonfinite;
-      t.signal += warp_sums[w].signal;
-      t.error += warp_sums[w].error;
-    }
+    for (int w = 1; w < kWarpsPerCta; ++w) add_partial(t, warp_sums[w]);
     partials[blockIdx.x] = t;
   }
 }
 
-// One CTA: thread t sums partials t, t + kThreads, ...; thread 0 sums those in thread order.
+// One CTA: thread t sums partials t, t + kThreads, ... in that order, then a fixed tree (butterfly
+// shuffles inside each warp, warp sums in warp order) combines the threads: the order of every
+// double addition depends only on `count`, so identical calls give identical statistics. Launched
+// as a programmatic dependent of the quantize kernel (see launch_finalize): it may start while the
+// quantize kernel drains, and waits for it to complete before reading the partials.
 __global__ void __launch_bounds__(kThreads) finalize_stats(const stats_partial* partials, int count, int64_t blocks,
                                                            quant_stats* out) {
-  __shared__ stats_partial sums[kThreads];
+  __shared__ stats_partial warp_sums[kWarpsPerCta];
+  asm volatile("griddepcontrol.wait;" ::: "memory");
   stats_partial t{0, 0, 0, 0, 0.0, 0.0};
-  for (int i = threadIdx.x; i < count; i += kThreads) {
-    t.saturated += partials[i].saturated;
-    t.clamped += partials[i].clamped;
-    t.flushed += partials[i].flushed;
-    t.nonfinite += partials[i].nonfinite;
-    t.signal += partials[i].signal;
-    t.error += partials[i].error;
+  for (int i = threadIdx.x; i < count; i += kThreads) add_partial(t, partials[i]);
+  unsigned long long c[4] = {t.saturated, t.clamped, t.flushed, t.nonfinite};
+  double s[2] = {t.signal, t.error};
+#pragma unroll
+  for (int off = 16; off > 0; off >>= 1) {
+#pragma unroll
+    for (int j = 0; j < 4; ++j) c[j] += __shfl_xor_sync(kFullMask, c[j], off);
+#pragma unroll
+    for (int j = 0; j < 2; ++j) s[j] += __shfl_xor_sync(kFullMask, s[j], off);
   }
-  sums[threadIdx.x] = t;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  if (lane == 0) warp_sums[warp] = {c[0], c[1], c[2], c[3], s[0], s[1]};
   __syncthreads();
   if (threadIdx.x != 0 || out == nullptr) return;
-  for (int i = 1; i < kThreads; ++i) {
-    t.saturated += sums[i].saturated;
-    t.clamped += sums[i].clamped;
-    t.flushed += sums[i].flushed;
-    t.nonfinite += sums[i].nonfinite;
-    t.signal += sums[i].signal;
-    t.error += sums[i].error;
-  }
+  t = warp_sums[0];
+  for (int w = 1; w < kWarpsPerCta; ++w) add_partial(t, warp_sums[w]);
   out->elements = blocks * mx::kBlockSize;
   out->blocks = blocks;
   out->saturated_blocks = static_cast<int64_t>(t.saturated);
@@ -185,6 +190,10 @@ __global__ void __launch_bounds__(kThreads) finalize_stats(const stats_partial* 
   out->signal_sq = t.signal;
   out->error_sq = t.error;
 }
+
+// Lets the dependent finalize_stats launch (programmatic dependent launch) as soon as SMs free up;
+// it still waits for this grid to complete before reading the partials.
+__device__ __forceinline__ void allow_finalize_launch() { asm volatile("griddepcontrol.launch_dependents;"); }
 
 // Tiled scale storage pads rows to 128 and columns to 4: those bytes get 0, like the CPU writes.
 // Padding entries of one matrix are enumerated as the padded rows (all columns), then the padded
@@ -347,22 +356,20 @@ template <>
 struct packed_format<dtype::bf16> {
   using vec = __nv_bfloat162;
   static constexpr int kPrecision = 8, kMinExp = -126, kCodeShift = 6;
-  static constexpr uint32_t kExponent = 0x7F807F80u, kOne = 0x3F803F80u, kSix = 0x40C040C0u, kMinus1536 = 0xC4C0C4C0u;
+  static constexpr uint32_t kExponent = 0x7F807F80u, kOne = 0x3F803F80u, kSix = 0x40C040C0u;
   static constexpr uint32_t pow2(int n) { return splat_pow2<8, 127>(n); }
   __device__ static float lo(uint32_t v) { return __uint_as_float(v << 16); }
   __device__ static float hi(uint32_t v) { return __uint_as_float(v & 0xFFFF0000u); }
-  __device__ static float sum(vec v) { return __low2float(v) + __high2float(v); }
 };
 
 template <>
 struct packed_format<dtype::f16> {
   using vec = __half2;
   static constexpr int kPrecision = 11, kMinExp = -14, kCodeShift = 9;
-  static constexpr uint32_t kExponent = 0x7C007C00u, kOne = 0x3C003C00u, kSix = 0x46004600u, kMinus1536 = 0xE600E600u;
+  static constexpr uint32_t kExponent = 0x7C007C00u, kOne = 0x3C003C00u, kSix = 0x46004600u;
   static constexpr uint32_t pow2(int n) { return splat_pow2<5, 15>(n); }
   __device__ static float lo(uint32_t v) { return __half2float(__ushort_as_half(static_cast<unsigned short>(v))); }
   __device__ static float hi(uint32_t v) { return __half2float(__ushort_as_half(static_cast<unsigned short>(v >> 16))); }
-  __device__ static float sum(vec v) { return __low2float(v) + __high2float(v); }
 };
 
 template <class V>
@@ -395,6 +402,14 @@ __device__ __forceinline__ int nonzero_codes(uint32_t packed) {
   return __popc(((packed & 0x77777777u) + 0x77777777u) & 0x88888888u);
 }
 
+// Number of set halves in n masks (0xFFFF per half where an element clamped) given their negated
+// sum acc = -sum(masks) mod 2^32. With NL low and NH high halves set, sum(masks) = NH (2^32 - 2^16)
+// + NL (2^16 - 1), so acc = (NH - NL) 2^16 + NL: bits 15..0 hold NL (NL <= 16) and bits 31..16 hold
+// NH - NL as a 16-bit two's complement number.
+__device__ __forceinline__ int clamped_count(uint32_t acc) {
+  return 2 * static_cast<int>(acc & 0xFFFFu) + static_cast<int16_t>(acc >> 16);
+}
+
 // Per-block result of an encode: the 16 packed bytes and the integer statistics.
 struct block_codes {
   uint4 packed;
@@ -425,8 +440,8 @@ __device__ __forceinline__ block_codes encode_block_packed(const uint32_t* w, ui
   const V code_scale = as_vec<V>(F::pow2(F::kMinExp));
   const V neg_magic_code = as_vec<V>(F::pow2(F::kPrecision - 2 + F::kMinExp) | 0x80008000u);
   const V neg_code_unscale = as_vec<V>(F::pow2(-F::kMinExp) | 0x80008000u);
-  const V clamp_slope = as_vec<V>(F::pow2(8)), clamp_offset = as_vec<V>(F::kMinus1536);
-  V clamped2 = as_vec<V>(0u);
+  const V six = as_vec<V>(F::kSix);
+  uint32_t clamped_acc = 0;  // minus the sum of the clamp masks, see clamped_count
   float sig[2] = {0.0f, 0.0f}, err[2] = {0.0f, 0.0f};
   uint32_t out[4];
   int nonzero = 0;
@@ -436,7 +451,7 @@ __device__ __forceinline__ block_codes encode_block_packed(const uint32_t* w, ui
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
       const uint32_t x = w[4 * j + i];
-      V yv = __hmul2(__habs2(as_vec<V>(x)), scale1);
+      V yv = __hmul2(as_vec<V>(x & 0x7FFF7FFFu), scale1);  // the same |x| words as amax_bits
       if constexpr (D == dtype::f16) yv = __hmul2(yv, scale2);
       const uint32_t y = vec_bits(yv);
       const uint32_t yc = kClamp ? __vminu2(y, F::kSix) : y;  // bit order = value order for y >= 0
@@ -449,10 +464,7 @@ __device__ __forceinline__ block_codes encode_block_packed(const uint32_t* w, ui
       sig[1] = fmaf(F::hi(y), F::hi(y), sig[1]);
       err[0] = fmaf(F::lo(d), F::lo(d), err[0]);
       err[1] = fmaf(F::hi(d), F::hi(d), err[1]);
-      if constexpr (kCountClamped) {
-        // 256 * y - 1536 >= 1 exactly when y > 6 (y's step above 4 is at least 2^-8): 1 or 0.
-        clamped2 = __hadd2(clamped2, __hfma2_sat(yv, clamp_slope, clamp_offset));
-      }
+      if constexpr (kCountClamped) clamped_acc -= __hgt2_mask(yv, six);  // exact compare, y > 6
     }
     out[j] = pack_bytes3(g);
     nonzero += nonzero_codes(out[j]);
@@ -460,7 +472,7 @@ __device__ __forceinline__ block_codes encode_block_packed(const uint32_t* w, ui
   signal = sig[0] + sig[1];
   error = err[0] + err[1];
   return {make_uint4(out[0], out[1], out[2], out[3]), nonzero,
-          kCountClamped ? static_cast<int>(F::sum(clamped2)) : 0};
+          kCountClamped ? clamped_count(clamped_acc) : 0};
 }
 
 // f32 input: the same steps per element; the upper halves of two elements' q and x form a bf16x2
@@ -561,8 +573,14 @@ __device__ __forceinline__ void issue_tile_loads(const quant_params& p, int tile
   }
 }
 
+// CTAs per SM (occupancy as measured): 3 for 16-bit input (at most 80 registers), 2 for f32.
+template <dtype D>
+constexpr int min_ctas_per_sm() {
+  return D == dtype::f32 ? 2 : 3;
+}
+
 template <dtype D, scale_rule R>
-__global__ void __launch_bounds__(kThreads) quantize_fast(const quant_params p) {
+__global__ void __launch_bounds__(kThreads, min_ctas_per_sm<D>()) quantize_fast(const quant_params p) {
   constexpr int kChunksPerBlock = 32 * elem_bytes<D>() / 16;
   constexpr int kTileChunks = 32 * kChunksPerBlock;
   extern __shared__ uint4 smem[];
@@ -570,6 +588,7 @@ __global__ void __launch_bounds__(kThreads) quantize_fast(const quant_params p) 
   uint4* stage0 = smem + (2 * warp) * kTileChunks;
   uint4* stage1 = stage0 + kTileChunks;
 
+  allow_finalize_launch();
   zero_tiled_padding(p);
 
   stats_acc acc;
@@ -627,6 +646,7 @@ __global__ void __launch_bounds__(kThreads) quantize_fast(const quant_params p) 
 
 template <dtype D>
 __global__ void __launch_bounds__(kThreads) quantize_reference(const quant_params p, scale_rule rule) {
+  allow_finalize_launch();
   zero_tiled_padding(p);
   stats_acc acc;
   for (int g = blockIdx.x * kThreads + threadIdx.x; g < p.total_blocks; g += gridDim.x * kThreads) {
@@ -878,6 +898,22 @@ void launch_quantize_any(const quant_params& p, dtype t, scale_rule rule, bool f
   }
 }
 
+// finalize_stats as a programmatic dependent of the quantize kernel just enqueued: its launch overlaps
+// the quantize kernel's last CTAs instead of following its completion (griddepcontrol.wait inside
+// keeps the ordering). Capturable in CUDA graphs.
+void launch_finalize(const stats_partial* partials, int count, int64_t blocks, quant_stats* out, cudaStream_t stream) {
+  cudaLaunchConfig_t config{};
+  config.gridDim = dim3(1);
+  config.blockDim = dim3(kThreads);
+  config.stream = stream;
+  cudaLaunchAttribute attr{};
+  attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr.val.programmaticStreamSerializationAllowed = 1;
+  config.attrs = &attr;
+  config.numAttrs = 1;
+  MXMOE_CUDA_CHECK(cudaLaunchKernelEx(&config, finalize_stats, partials, count, blocks, out));
+}
+
 // Frees a stream-ordered allocation when the enqueueing code is left, also by an exception.
 struct stream_allocation {
   void* ptr = nullptr;
@@ -925,8 +961,7 @@ void quantize_async(const tensor_view& x, mx::scale_rule rule, scale_layout layo
   stream_allocation partials(sizeof(stats_partial) * static_cast<size_t>(grid), stream);
   p.partials = static_cast<stats_partial*>(partials.ptr);
   launch_quantize_any(p, x.type, rule, fast, stream, &grid);
-  finalize_stats<<<1, kThreads, 0, stream>>>(p.partials, grid, p.total_blocks, device_stats);
-  MXMOE_CUDA_CHECK(cudaGetLastError());
+  launch_finalize(p.partials, grid, p.total_blocks, device_stats, stream);
 }
 
 quant_stats quantize(const tensor_view& x, mx::scale_rule rule, scale_layout layout, const tensor_view& packed,
