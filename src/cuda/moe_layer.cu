@@ -255,7 +255,7 @@ void moe_layer::forward(const tensor_view& x, const routing_input& routing, cons
     sm90::launch_route(routing.logits.data, routing.logits.type == dtype::bf16,
                        static_cast<const float*>(m.correction.data()), c.routing, T, E, ws, stream);
   sm90::launch_schedule(E, bn, tiles, ws, stream);
-  sm90::launch_scatter(pairs, E, ws, stream);
+  sm90::launch_scatter(pairs, ws, stream);
 
   const sm90::gemm_weights w13{static_cast<const uint8_t*>(m.codes13.data()), static_cast<const uint8_t*>(m.scales13.data()),
                                static_cast<const float*>(m.bias13.data()), 2 * I, H, m.frag13.weight_bytes(),
@@ -266,7 +266,7 @@ void moe_layer::forward(const tensor_view& x, const routing_input& routing, cons
   sm90::launch_gemm(gc, w13, x.as<const uint16_t>(), ws, k, sm90::epilogue_kind::gate_up_activation, c.activation,
                     tiles, stream);
   sm90::launch_gemm(gc, w2, ws.act, ws, k, sm90::epilogue_kind::weighted_down, c.activation, tiles, stream);
-  sm90::launch_combine(T, k, H, E, ws, out.as<uint16_t>(), stream);
+  sm90::launch_combine(T, k, H, ws, out.as<uint16_t>(), stream);
 }
 
 }  // namespace mxmoe::cuda

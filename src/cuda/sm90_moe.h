@@ -58,7 +58,6 @@ enum class epilogue_kind : int { gate_up_activation, weighted_down };
 // Tile shapes the launcher can pick from (one instantiation per translation unit).
 enum class gemm_config : int { decode, mid, large };
 int gemm_tokens_per_tile(gemm_config c);  // BN
-int gemm_rows_per_cta(gemm_config c);     // BM
 
 // Raises the kernels' shared-memory limit; call once before launching (not while capturing).
 void prepare_gemm_kernels();
@@ -74,9 +73,9 @@ void launch_import_routing(const int32_t* ids, const float* weights, int64_t tok
                            const moe_workspace& ws, cudaStream_t stream);
 void launch_schedule(int64_t experts, int tokens_per_tile, int64_t max_tiles, const moe_workspace& ws,
                      cudaStream_t stream);
-void launch_scatter(int64_t pairs, int64_t experts, const moe_workspace& ws, cudaStream_t stream);
-void launch_combine(int64_t tokens, int top_k, int64_t hidden, int64_t experts, const moe_workspace& ws,
-                    uint16_t* out, cudaStream_t stream);
+void launch_scatter(int64_t pairs, const moe_workspace& ws, cudaStream_t stream);
+void launch_combine(int64_t tokens, int top_k, int64_t hidden, const moe_workspace& ws, uint16_t* out,
+                    cudaStream_t stream);
 
 // Checkpoint layout (device memory, one expert) -> sm90 fragment layout (device memory).
 // GEMM1 passes its layout::gate_up_rows; GEMM2 passes has_gate_up = false (rows kept in order).

@@ -38,7 +38,7 @@ __global__ void combine_kernel(int64_t tokens, int top_k, int64_t hidden, const 
 
 }  // namespace
 
-void launch_combine(int64_t tokens, int top_k, int64_t hidden, int64_t, const moe_workspace& ws, uint16_t* out,
+void launch_combine(int64_t tokens, int top_k, int64_t hidden, const moe_workspace& ws, uint16_t* out,
                     cudaStream_t stream) {
   const int64_t n = tokens * (hidden / 8);
   combine_kernel<<<static_cast<unsigned>((n + 255) / 256), 256, 0, stream>>>(tokens, top_k, hidden, ws.ids, ws.ybuf,

@@ -13,15 +13,6 @@ int gemm_tokens_per_tile(gemm_config c) {
   return 0;
 }
 
-int gemm_rows_per_cta(gemm_config c) {
-  switch (c) {
-    case gemm_config::decode: return decode_tile::BM;
-    case gemm_config::mid: return mid_tile::BM;
-    case gemm_config::large: return large_tile::BM;
-  }
-  return 0;
-}
-
 void prepare_gemm_kernels() {
   MXMOE_CUDA_CHECK(allow_gemm_smem_decode());
   MXMOE_CUDA_CHECK(allow_gemm_smem_mid());

@@ -279,7 +279,7 @@ void launch_schedule(int64_t experts, int tokens_per_tile, int64_t max_tiles, co
   MXMOE_CUDA_CHECK(cudaGetLastError());
 }
 
-void launch_scatter(int64_t pairs, int64_t, const moe_workspace& ws, cudaStream_t stream) {
+void launch_scatter(int64_t pairs, const moe_workspace& ws, cudaStream_t stream) {
   scatter_kernel<<<blocks_for(pairs, 256), 256, 0, stream>>>(pairs, ws);
   MXMOE_CUDA_CHECK(cudaGetLastError());
 }
