@@ -66,9 +66,10 @@ inline constexpr double kForwardMaxErrTolerance = 1.5e-2;  // max |out - ref| / 
 // The MoE layer, W4A16: bf16 activations, MXFP4 expert weights.
 class moe_layer {
  public:
-  // Validates `cfg` and the host checkpoint-layout weights, then prepares them into the
-  // kernel layout on the device, one expert at a time (bounded temporary memory).
-  moe_layer(const moe_weights& host_weights, const moe_config& cfg);
+  // Validates `cfg` and the checkpoint-layout weights (expert matrices in host or device
+  // memory; biases and router tensors in host memory), then prepares them into the kernel layout
+  // on the device, one expert at a time (temporary device memory: one expert's weights).
+  moe_layer(const moe_weights& weights, const moe_config& cfg);
   ~moe_layer();
   moe_layer(moe_layer&&) noexcept;
   moe_layer& operator=(moe_layer&&) noexcept;

@@ -239,10 +239,10 @@ __device__ __forceinline__ float element(const uint32_t* w, int i) {
   }
 }
 
-// Bits of max |x| over the block, ordered as mx::block_scale orders them (NaN above Inf), and
-// whether some element is +-0 (min |x| == 0).
+// Bits of max |x| over the block, ordered as mx::block_scale orders them (NaN above Inf), and the
+// input-format bits of min |x| (0: the block holds a +-0).
 template <dtype D>
-__device__ __forceinline__ uint32_t amax_bits(const uint32_t* w, bool& has_zero) {
+__device__ __forceinline__ uint32_t amax_bits(const uint32_t* w, uint32_t& min_abs) {
   if constexpr (D == dtype::f32) {
     uint32_t m = 0, z = 0x7FFFFFFFu;
 #pragma unroll
@@ -250,7 +250,7 @@ __device__ __forceinline__ uint32_t amax_bits(const uint32_t* w, bool& has_zero)
       m = max(m, w[i] & 0x7FFFFFFFu);
       z = min(z, w[i] & 0x7FFFFFFFu);
     }
-    has_zero = z == 0;
+    min_abs = z;
     return m;
   } else {
     // 16-bit magnitudes order like the float values they convert to, NaN above Inf included.
@@ -260,7 +260,7 @@ __device__ __forceinline__ uint32_t amax_bits(const uint32_t* w, bool& has_zero)
       m2 = __vmaxu2(m2, w[i] & 0x7FFF7FFFu);
       z2 = __vminu2(z2, w[i] & 0x7FFF7FFFu);
     }
-    has_zero = (z2 & 0xFFFFu) == 0 || (z2 >> 16) == 0;
+    min_abs = min(z2 & 0xFFFFu, z2 >> 16);
     const uint16_t m = static_cast<uint16_t>(max(m2 & 0xFFFFu, m2 >> 16));
     if constexpr (D == dtype::bf16) return mx::float_bits(bf16_to_float(m));
     return mx::float_bits(__half2float(__ushort_as_half(m)));
@@ -521,6 +521,161 @@ __device__ __forceinline__ block_codes encode_block(const uint32_t* w, uint8_t s
   else return encode_block_packed<D, kClamp, kCountClamped>(w, scale, signal, error);
 }
 
+// 16-byte chunk c of a warp tile sits at c ^ ((c >> 3) & (chunks per block - 1)) in shared memory:
+// conflict-free both for the tile-order copies and for each thread reading its own block.
+template <int kChunksPerBlock>
+__device__ __forceinline__ int swizzle(int c) {
+  return c ^ ((c >> 3) & (kChunksPerBlock - 1));
+}
+
+// The block's words again, read from the warp's stage with a load the compiler cannot merge with the
+// first one: lets the registers of the first copy die early in the long mse path (see mse_encode_bf16).
+template <int kChunksPerBlock>
+__device__ __forceinline__ void reload_block(const uint4* stage, int lane, uint32_t* w) {
+#pragma unroll
+  for (int q = 0; q < kChunksPerBlock; ++q) {
+    const uint32_t a = static_cast<uint32_t>(__cvta_generic_to_shared(stage + swizzle<kChunksPerBlock>(lane * kChunksPerBlock + q)));
+    asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(w[4 * q]), "=r"(w[4 * q + 1]), "=r"(w[4 * q + 2]), "=r"(w[4 * q + 3])
+                 : "r"(a));
+  }
+}
+
+// ---- mse for bf16 input: search and encode in one pass ------------------------------------------
+//
+// mx::block_scale's mse search compares err_c = sum_i (y_i - r_i)^2 over the candidates c = ref - 1,
+// ref, ref + 1 (ref: the floor byte), accumulated from i = 0 as add_rn(err, mul_rn(d, d)), where
+// y_i = |x_i| * 2^(127-ref) and r_i is |x_i| encoded with scale c, in units of ref. Here every
+// candidate is rounded in those units, on two elements per bf16x2 instruction, without rescaling:
+// candidate c's grid is the E2M1 grid times 2^(ref-c) (c = ref - 1: steps 0.25 / 0.5 / 1 up to 3;
+// ref: 0.5 / 1 / 2 up to 6; c = ref + 1: 1 / 2 / 4 up to 12). With E_c the power of two that sets
+// the step (step = E_c / 2) and y clamped to the grid's top (3 and 6; y < 8 never reaches 12):
+//   s_c = E_c * 2^6 + yc                 rounds yc to the grid, ties to even codes (as encode_block)
+//   q_c = s_c * 2^m - E_c * 2^(6+m)      = r_c * 2^m, m = -126 - (c - ref): the code's bf16 bits
+//                                         (code << 6), exact
+//   d_c = y - q_c * 2^-m                 = y - r_c, exact
+// E_c comes from one mask of max(y, 0.5): E_full in {0.5, 1, 2, 4} (y < 8), E_lo = min(E_full, 2),
+// E_ref = max(E_full, 1), E_hi = max(E_full, 2). d_c is exact in bf16: y and r_c are multiples of
+// ulp(y) (the grid steps are at least 0.25 > ulp(y) for y < 8) and |d_c| <= y (0 is on every grid,
+// and clamping only lowers r_c), so d_c has at most 8 significant bits. Then d_c^2 has at most 16
+// and is an exact float whenever d_c is a multiple of 2^-74, which holds when every non-zero y is at
+// least 2^-67 (y is a bf16 normal there, ulp(y) >= 2^-74; zeros give d = 0); so mul_rn(d, d) is d^2
+// and add_rn(err, d^2) = fma(d, d, err): the three sums below are bit-identical to
+// mx::block_sq_error's. Blocks with a smaller non-zero element (rare: a dynamic range beyond 2^70)
+// and blocks without a search (zero or subnormal amax, NaN, Inf) return false and take the scalar
+// path (mse_scale + encode_block). Checked exhaustively on the host for every bf16 y in
+// [2^-67, 8) and 0 against mx::float_to_e2m1 / mx::block_sq_error's steps (throwaway program, see
+// docs/quantize_kernels.md). The winner's codes are the q_c already gathered; signal and error sums
+// are its error sum and sum y^2, rescaled to units of the winning scale (statistics only).
+__device__ __forceinline__ bool mse_encode_bf16(const uint32_t* w, const uint4* stage, int lane, uint32_t amax,
+                                                uint32_t min_abs, uint8_t& scale, block_codes& codes, float& signal,
+                                                float& error) {
+  using F = packed_format<dtype::bf16>;
+  using V = F::vec;
+  if (amax < 0x00800000u || amax >= 0x7F800000u) return false;
+  const uint8_t ref = mx::scale_from_amax(mx::bits_float(amax), scale_rule::mse);  // <= 252
+  uint32_t min_nonzero = min_abs;
+  if (min_abs == 0) {
+    // (|x| | 0x8000) - 1 per half, no borrow between halves: 0x7FFF for a zero, else 0x7FFF + |x|,
+    // which as a signed 16-bit number is negative and ordered by |x|.
+    uint32_t m2 = 0x7FFF7FFFu;
+#pragma unroll
+    for (int i = 0; i < 16; ++i) m2 = __vmins2(m2, (w[i] | 0x80008000u) - 0x00010001u);
+    const int m = min(static_cast<int>(static_cast<int16_t>(m2 & 0xFFFFu)), static_cast<int>(static_cast<int16_t>(m2 >> 16)));
+    min_nonzero = static_cast<uint32_t>(m + 0x8001);  // amax > 0: some element is not zero
+  }
+  const float unscale = mx::e8m0_to_float(static_cast<uint8_t>(254 - ref));  // 2^(127 - ref), a normal float
+  if (__fmul_rn(bf16_to_float(static_cast<uint16_t>(min_nonzero)), unscale) < 0x1p-67f) return false;
+
+  constexpr uint32_t kHalf = 0x3F003F00u, kTwo = 0x40004000u, kThree = 0x40404040u;
+  constexpr uint32_t kNeg = 0x80008000u;
+  constexpr uint32_t kSpread = (1u << (24 - F::kCodeShift)) + (1u << (12 - F::kCodeShift));
+  const V y_scale = as_vec<V>(F::pow2(127 - ref));
+  const V magic = as_vec<V>(F::pow2(6));
+  const V code_lo = as_vec<V>(F::pow2(-125)), code_ref = as_vec<V>(F::pow2(-126));
+  const V code_hi = as_vec<V>(0x00400040u);  // 2^-127, a bf16 subnormal
+  const V neg_m_lo = as_vec<V>(F::pow2(-119) | kNeg), neg_m_ref = as_vec<V>(F::pow2(-120) | kNeg),
+          neg_m_hi = as_vec<V>(F::pow2(-121) | kNeg);
+  const V back_lo = as_vec<V>(F::pow2(125) | kNeg), back_ref = as_vec<V>(F::pow2(126) | kNeg),
+          back_hi = as_vec<V>(F::pow2(127) | kNeg);
+  float err_lo = 0.0f, err_ref = 0.0f, err_hi = 0.0f, sig = 0.0f;
+  uint32_t out_lo[4], out_ref[4], out_hi[4];
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    uint32_t g_lo[4], g_ref[4], g_hi[4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const uint32_t x = w[4 * j + i];
+      const V yv = __hmul2(as_vec<V>(x & 0x7FFF7FFFu), y_scale);
+      const uint32_t y = vec_bits(yv);
+      const uint32_t e_full = __vmaxu2(y, kHalf) & F::kExponent;  // bit order = value order for y >= 0
+      const V e_lo = as_vec<V>(__vminu2(e_full, kTwo)), e_ref = as_vec<V>(__vmaxu2(e_full, F::kOne)),
+              e_hi = as_vec<V>(__vmaxu2(e_full, kTwo));
+      const V s_lo = __hfma2(e_lo, magic, as_vec<V>(__vminu2(y, kThree)));
+      const V s_ref = __hfma2(e_ref, magic, as_vec<V>(__vminu2(y, F::kSix)));
+      const V s_hi = __hfma2(e_hi, magic, yv);
+      const uint32_t q_lo = vec_bits(__hfma2(s_lo, code_lo, __hmul2(e_lo, neg_m_lo)));
+      const uint32_t q_ref = vec_bits(__hfma2(s_ref, code_ref, __hmul2(e_ref, neg_m_ref)));
+      const uint32_t q_hi = vec_bits(__hfma2(s_hi, code_hi, __hmul2(e_hi, neg_m_hi)));
+      const uint32_t d_lo = vec_bits(__hfma2(as_vec<V>(q_lo), back_lo, yv));
+      const uint32_t d_ref = vec_bits(__hfma2(as_vec<V>(q_ref), back_ref, yv));
+      const uint32_t d_hi = vec_bits(__hfma2(as_vec<V>(q_hi), back_hi, yv));
+      const uint32_t signs = (x & kNeg) * 0x1001u;  // see gather_byte
+      g_lo[i] = q_lo * kSpread + signs;
+      g_ref[i] = q_ref * kSpread + signs;
+      g_hi[i] = q_hi * kSpread + signs;
+      // Element 4j + i's pair in mx::block_sq_error's order: low half (element 2(4j + i)) first.
+      err_lo = __fmaf_rn(F::lo(d_lo), F::lo(d_lo), err_lo);
+      err_lo = __fmaf_rn(F::hi(d_lo), F::hi(d_lo), err_lo);
+      err_ref = __fmaf_rn(F::lo(d_ref), F::lo(d_ref), err_ref);
+      err_ref = __fmaf_rn(F::hi(d_ref), F::hi(d_ref), err_ref);
+      err_hi = __fmaf_rn(F::lo(d_hi), F::lo(d_hi), err_hi);
+      err_hi = __fmaf_rn(F::hi(d_hi), F::hi(d_hi), err_hi);
+      sig = fmaf(F::lo(y), F::lo(y), sig);
+      sig = fmaf(F::hi(y), F::hi(y), sig);
+    }
+    out_lo[j] = pack_bytes3(g_lo);
+    out_ref[j] = pack_bytes3(g_ref);
+    out_hi[j] = pack_bytes3(g_hi);
+  }
+  // mx::block_scale: start from ref, visit ref - 1 then ref + 1; ties go to the larger byte.
+  int pick = 0;
+  float best = err_ref;
+  if (ref > 0 && err_lo < best) {
+    pick = -1;
+    best = err_lo;
+  }
+  if (err_hi <= best) {  // ref <= 252: ref + 1 is always a candidate
+    pick = 1;
+    best = err_hi;
+  }
+  scale = static_cast<uint8_t>(ref + pick);
+  uint32_t out[4];
+  int nonzero = 0;
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    out[j] = pick < 0 ? out_lo[j] : (pick > 0 ? out_hi[j] : out_ref[j]);
+    nonzero += nonzero_codes(out[j]);
+  }
+  // Clamped elements: |x| * 2^(127 - scale) > 6, i.e. |x| > 3 * 2^(ref-127) for ref - 1 and
+  // |x| > 6 * 2^(ref-127) for ref (both bf16 normals); never for ref + 1 (y < 8).
+  int clamped = 0;
+  const uint32_t clamp_at = ((static_cast<uint32_t>(ref) + (pick < 0 ? 1u : 2u)) << 7) | 0x40u;
+  if (pick <= 0 && (amax >> 16) > clamp_at) {
+    uint32_t x[16], clamped_acc = 0;
+    reload_block<4>(stage, lane, x);
+#pragma unroll
+    for (int i = 0; i < 16; ++i)
+      clamped_acc -= __hgt2_mask(as_vec<V>(x[i] & 0x7FFF7FFFu), as_vec<V>(clamp_at * 0x10001u));
+    clamped = clamped_count(clamped_acc);
+  }
+  codes = {make_uint4(out[0], out[1], out[2], out[3]), nonzero, clamped};
+  const float to_scale_units = pick < 0 ? 4.0f : (pick > 0 ? 0.25f : 1.0f);
+  signal = sig * to_scale_units;
+  error = best * to_scale_units;
+  return true;
+}
+
 // Number of +-0 elements of a block (called only for blocks that have one).
 template <dtype D>
 __device__ int count_zeros(const uint32_t* w) {
@@ -533,13 +688,6 @@ __device__ int count_zeros(const uint32_t* w) {
     for (int i = 0; i < 16; ++i) n += ((w[i] & 0x7FFFu) == 0 ? 1 : 0) + ((w[i] & 0x7FFF0000u) == 0 ? 1 : 0);
   }
   return n;
-}
-
-// 16-byte chunk c of a warp tile sits at c ^ ((c >> 3) & (chunks per block - 1)) in shared memory:
-// conflict-free both for the tile-order copies and for each thread reading its own block.
-template <int kChunksPerBlock>
-__device__ __forceinline__ int swizzle(int c) {
-  return c ^ ((c >> 3) & (kChunksPerBlock - 1));
 }
 
 template <dtype D>
@@ -615,21 +763,34 @@ __global__ void __launch_bounds__(kThreads, min_ctas_per_sm<D>()) quantize_fast(
         w[4 * q + 2] = v.z;
         w[4 * q + 3] = v.w;
       }
-      bool has_zero;
-      const uint32_t amax = amax_bits<D>(w, has_zero);
+      uint32_t min_abs;
+      const uint32_t amax = amax_bits<D>(w, min_abs);
+      const bool has_zero = min_abs == 0;
       uint8_t scale;
-      if constexpr (R == scale_rule::mse) scale = mse_scale<D>(w, amax);
-      else scale = mx::scale_from_amax(mx::bits_float(amax), R);
+      block_codes c{};
+      float signal = 0.0f, error = 0.0f;  // in units of the scale
+      bool encoded = false;
+      if constexpr (R == scale_rule::mse && D == dtype::bf16)
+        encoded = mse_encode_bf16(w, cur, lane, amax, min_abs, scale, c, signal, error);
+      if (!encoded) {
+        if constexpr (R == scale_rule::mse) scale = mse_scale<D>(w, amax);
+        else scale = mx::scale_from_amax(mx::bits_float(amax), R);
+        if (scale != mx::kE8M0Nan) c = encode_block<D, R>(w, scale, signal, error);
+      }
       uint4 out = make_uint4(0, 0, 0, 0);
       if (scale == mx::kE8M0Nan) {
         acc.nonfinite += 1;
       } else {
-        float signal, error;  // in units of the scale
-        const block_codes c = encode_block<D, R>(w, scale, signal, error);
         out = c.packed;
         acc.clamped += c.clamped;
         acc.saturated += c.clamped != 0 ? 1u : 0u;
-        acc.flushed += mx::kBlockSize - c.nonzero - (has_zero ? count_zeros<D>(w) : 0);
+        int zeros = 0;
+        if (has_zero) {
+          uint32_t x[kChunksPerBlock * 4];
+          reload_block<kChunksPerBlock>(cur, lane, x);
+          zeros = count_zeros<D>(x);
+        }
+        acc.flushed += mx::kBlockSize - c.nonzero - zeros;
         const double unit = mx::e8m0_to_float(scale);
         acc.signal += static_cast<double>(signal) * unit * unit;
         acc.error += static_cast<double>(error) * unit * unit;
