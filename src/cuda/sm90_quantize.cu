@@ -11,7 +11,8 @@
 //   * reference: one thread per block, element loads, mx::quantize_block / mx::dequantize_value
 //     as written. Used when an address is not 16-byte aligned (and exercised by the tests so).
 // Scale bytes always come from mx::scale_from_amax (floor/even/rceil) or an exact replica of
-// mx::block_scale's `mse` search (same float operations in the same order, see mse_scale). The
+// mx::block_scale's `mse` search (same float operations in the same order, see mse_scale; for bf16
+// input fused with the encode in packed arithmetic, bit-identical sums, see mse_encode_bf16). The
 // fast kernel encodes elements with exact floating-point steps instead of mx::float_to_e2m1's
 // compare chain (see "per-element encoding"): two elements per instruction in bf16x2 / f16x2
 // arithmetic for 16-bit inputs, so a bf16 element costs ~18 SASS instructions in the hot loop
@@ -528,19 +529,6 @@ __device__ __forceinline__ int swizzle(int c) {
   return c ^ ((c >> 3) & (kChunksPerBlock - 1));
 }
 
-// The block's words again, read from the warp's stage with a load the compiler cannot merge with the
-// first one: lets the registers of the first copy die early in the long mse path (see mse_encode_bf16).
-template <int kChunksPerBlock>
-__device__ __forceinline__ void reload_block(const uint4* stage, int lane, uint32_t* w) {
-#pragma unroll
-  for (int q = 0; q < kChunksPerBlock; ++q) {
-    const uint32_t a = static_cast<uint32_t>(__cvta_generic_to_shared(stage + swizzle<kChunksPerBlock>(lane * kChunksPerBlock + q)));
-    asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];"
-                 : "=r"(w[4 * q]), "=r"(w[4 * q + 1]), "=r"(w[4 * q + 2]), "=r"(w[4 * q + 3])
-                 : "r"(a));
-  }
-}
-
 // ---- mse for bf16 input: search and encode in one pass ------------------------------------------
 //
 // mx::block_scale's mse search compares err_c = sum_i (y_i - r_i)^2 over the candidates c = ref - 1,
@@ -567,9 +555,8 @@ __device__ __forceinline__ void reload_block(const uint4* stage, int lane, uint3
 // [2^-67, 8) and 0 against mx::float_to_e2m1 / mx::block_sq_error's steps (throwaway program, see
 // docs/quantize_kernels.md). The winner's codes are the q_c already gathered; signal and error sums
 // are its error sum and sum y^2, rescaled to units of the winning scale (statistics only).
-__device__ __forceinline__ bool mse_encode_bf16(const uint32_t* w, const uint4* stage, int lane, uint32_t amax,
-                                                uint32_t min_abs, uint8_t& scale, block_codes& codes, float& signal,
-                                                float& error) {
+__device__ __forceinline__ bool mse_encode_bf16(const uint32_t* w, uint32_t amax, uint32_t min_abs, uint8_t& scale,
+                                                block_codes& codes, float& signal, float& error) {
   using F = packed_format<dtype::bf16>;
   using V = F::vec;
   if (amax < 0x00800000u || amax >= 0x7F800000u) return false;
@@ -584,7 +571,7 @@ __device__ __forceinline__ bool mse_encode_bf16(const uint32_t* w, const uint4* 
     const int m = min(static_cast<int>(static_cast<int16_t>(m2 & 0xFFFFu)), static_cast<int>(static_cast<int16_t>(m2 >> 16)));
     min_nonzero = static_cast<uint32_t>(m + 0x8001);  // amax > 0: some element is not zero
   }
-  const float unscale = mx::e8m0_to_float(static_cast<uint8_t>(254 - ref));  // 2^(127 - ref), a normal float
+  const float unscale = mx::bits_float(static_cast<uint32_t>(254 - ref) << 23);  // 2^(127 - ref), a normal float
   if (__fmul_rn(bf16_to_float(static_cast<uint16_t>(min_nonzero)), unscale) < 0x1p-67f) return false;
 
   constexpr uint32_t kHalf = 0x3F003F00u, kTwo = 0x40004000u, kThree = 0x40404040u;
@@ -662,11 +649,10 @@ __device__ __forceinline__ bool mse_encode_bf16(const uint32_t* w, const uint4* 
   int clamped = 0;
   const uint32_t clamp_at = ((static_cast<uint32_t>(ref) + (pick < 0 ? 1u : 2u)) << 7) | 0x40u;
   if (pick <= 0 && (amax >> 16) > clamp_at) {
-    uint32_t x[16], clamped_acc = 0;
-    reload_block<4>(stage, lane, x);
+    uint32_t clamped_acc = 0;
 #pragma unroll
     for (int i = 0; i < 16; ++i)
-      clamped_acc -= __hgt2_mask(as_vec<V>(x[i] & 0x7FFF7FFFu), as_vec<V>(clamp_at * 0x10001u));
+      clamped_acc -= __hgt2_mask(as_vec<V>(w[i] & 0x7FFF7FFFu), as_vec<V>(clamp_at * 0x10001u));
     clamped = clamped_count(clamped_acc);
   }
   codes = {make_uint4(out[0], out[1], out[2], out[3]), nonzero, clamped};
@@ -721,14 +707,16 @@ __device__ __forceinline__ void issue_tile_loads(const quant_params& p, int tile
   }
 }
 
-// CTAs per SM (occupancy as measured): 3 for 16-bit input (at most 80 registers), 2 for f32.
-template <dtype D>
+// CTAs per SM (occupancy as measured): 3 for 16-bit input (at most 80 registers), 2 for f32 and for
+// the bf16 mse kernel (at most 128 registers: it carries three candidates' codes and sums through the
+// block; compute-bound, so 16 warps per SM still cover the load latency many times over).
+template <dtype D, scale_rule R>
 constexpr int min_ctas_per_sm() {
-  return D == dtype::f32 ? 2 : 3;
+  return D == dtype::f32 || (D == dtype::bf16 && R == scale_rule::mse) ? 2 : 3;
 }
 
 template <dtype D, scale_rule R>
-__global__ void __launch_bounds__(kThreads, min_ctas_per_sm<D>()) quantize_fast(const quant_params p) {
+__global__ void __launch_bounds__(kThreads, min_ctas_per_sm<D, R>()) quantize_fast(const quant_params p) {
   constexpr int kChunksPerBlock = 32 * elem_bytes<D>() / 16;
   constexpr int kTileChunks = 32 * kChunksPerBlock;
   extern __shared__ uint4 smem[];
@@ -771,7 +759,7 @@ __global__ void __launch_bounds__(kThreads, min_ctas_per_sm<D>()) quantize_fast(
       float signal = 0.0f, error = 0.0f;  // in units of the scale
       bool encoded = false;
       if constexpr (R == scale_rule::mse && D == dtype::bf16)
-        encoded = mse_encode_bf16(w, cur, lane, amax, min_abs, scale, c, signal, error);
+        encoded = mse_encode_bf16(w, amax, min_abs, scale, c, signal, error);
       if (!encoded) {
         if constexpr (R == scale_rule::mse) scale = mse_scale<D>(w, amax);
         else scale = mx::scale_from_amax(mx::bits_float(amax), R);
@@ -784,13 +772,7 @@ __global__ void __launch_bounds__(kThreads, min_ctas_per_sm<D>()) quantize_fast(
         out = c.packed;
         acc.clamped += c.clamped;
         acc.saturated += c.clamped != 0 ? 1u : 0u;
-        int zeros = 0;
-        if (has_zero) {
-          uint32_t x[kChunksPerBlock * 4];
-          reload_block<kChunksPerBlock>(cur, lane, x);
-          zeros = count_zeros<D>(x);
-        }
-        acc.flushed += mx::kBlockSize - c.nonzero - zeros;
+        acc.flushed += mx::kBlockSize - c.nonzero - (has_zero ? count_zeros<D>(w) : 0);
         const double unit = mx::e8m0_to_float(scale);
         acc.signal += static_cast<double>(signal) * unit * unit;
         acc.error += static_cast<double>(error) * unit * unit;
