@@ -15,7 +15,7 @@
 // input fused with the encode in packed arithmetic, bit-identical sums, see mse_encode_bf16). The
 // fast kernel encodes elements with exact floating-point steps instead of mx::float_to_e2m1's
 // compare chain (see "per-element encoding"): two elements per instruction in bf16x2 / f16x2
-// arithmetic for 16-bit inputs, so a bf16 element costs ~18 SASS instructions in the hot loop
+// arithmetic for 16-bit inputs, so a bf16 element costs ~15-17 SASS instructions in the hot loop
 // (loads, amax, scale, encode, packing, statistics), against a budget of ~23 per element at 85 % of
 // the H200's copy bandwidth (docs/quantize_kernels.md has the napkin math).
 // Statistics: integer counts exact (clamped elements by a packed compare, flushed ones as zero
@@ -88,7 +88,9 @@ struct scale_index {
     int row, kb, b, m;
     blocks_per_row(row, kb, g);
     rows(b, m, row);
-    return b * matrix_bytes + tile.offset(m, kb);
+    // m and kb are non-negative (g is): passed zero-extended so the compiler knows it and turns the
+    // layout's signed divisions by 128, 32 and 4 into plain shifts and masks.
+    return b * matrix_bytes + tile.offset(static_cast<uint32_t>(m), static_cast<uint32_t>(kb));
   }
 };
 
@@ -683,6 +685,18 @@ __device__ __forceinline__ void issue_tile_loads(const quant_params& p, int tile
   if (p.dense) {
     // The tile is one contiguous range: chunk c is at byte c * 16 of it.
     const uint8_t* base = p.x + int64_t{tile} * (32 * mx::kBlockSize * elem_bytes<D>());
+    if (tile < (p.total_blocks >> 5)) {
+      // A whole tile (every tile but a partial last one): no bounds checks, and copy i's addresses
+      // are this lane's plus constants. Its chunk c = 32 i + lane goes to swizzle(c) = 32 i + (lane ^ t)
+      // with t = (4 i + lane / 8) & (chunks per block - 1) = ((4 i) & (chunks - 1)) ^ ((lane / 8) & (chunks - 1))
+      // (lane / 8 < 4 shares no bit with 4 i).
+      const uint8_t* src = base + lane * 16;
+      const int lane_sw = lane ^ ((lane >> 3) & (kChunksPerBlock - 1));
+#pragma unroll
+      for (int i = 0; i < kChunksPerBlock; ++i)
+        __pipeline_memcpy_async(stage + 32 * i + (lane_sw ^ ((4 * i) & (kChunksPerBlock - 1))), src + i * 512, 16);
+      return;
+    }
 #pragma unroll
     for (int i = 0; i < kChunksPerBlock; ++i) {
       const int c = i * 32 + lane;
@@ -731,6 +745,9 @@ __global__ void __launch_bounds__(kThreads, min_ctas_per_sm<D, R>()) quantize_fa
   const int tiles = (p.total_blocks + 31) / 32;
   const int stride = gridDim.x * kWarpsPerCta;
   int tile = blockIdx.x * kWarpsPerCta + warp;
+  // This lane's block: its chunk q sits at swizzle(lane * chunks + q) = block_chunk0 ^ q, because
+  // lane * chunks has no bits below the chunk count and (lane * chunks + q) / 8 = lane * chunks / 8.
+  const int block_chunk0 = lane * kChunksPerBlock + (((lane * kChunksPerBlock) >> 3) & (kChunksPerBlock - 1));
   if (tile < tiles) issue_tile_loads<D>(p, tile, stage0);
   __pipeline_commit();
   for (int it = 0; tile < tiles; tile += stride, ++it) {
@@ -745,7 +762,7 @@ __global__ void __launch_bounds__(kThreads, min_ctas_per_sm<D, R>()) quantize_fa
       uint32_t w[kChunksPerBlock * 4];
 #pragma unroll
       for (int q = 0; q < kChunksPerBlock; ++q) {
-        const uint4 v = cur[swizzle<kChunksPerBlock>(lane * kChunksPerBlock + q)];
+        const uint4 v = cur[block_chunk0 ^ q];
         w[4 * q] = v.x;
         w[4 * q + 1] = v.y;
         w[4 * q + 2] = v.z;
@@ -773,9 +790,11 @@ __global__ void __launch_bounds__(kThreads, min_ctas_per_sm<D, R>()) quantize_fa
         acc.clamped += c.clamped;
         acc.saturated += c.clamped != 0 ? 1u : 0u;
         acc.flushed += mx::kBlockSize - c.nonzero - (has_zero ? count_zeros<D>(w) : 0);
-        const double unit = mx::e8m0_to_float(scale);
-        acc.signal += static_cast<double>(signal) * unit * unit;
-        acc.error += static_cast<double>(error) * unit * unit;
+        // unit^2 = 2^(2 (scale - 127)), a normal double for every byte <= 254, built from its exponent
+        // bits. Multiplying by it is exact, so the fma rounds once, like the product-then-add it replaces.
+        const double unit_sq = __hiloint2double((2 * static_cast<int>(scale) + 769) << 20, 0);
+        acc.signal = fma(static_cast<double>(signal), unit_sq, acc.signal);
+        acc.error = fma(static_cast<double>(error), unit_sq, acc.error);
       }
       __stcs(reinterpret_cast<uint4*>(p.packed) + g, out);
       p.scales[p.scale.offset(g)] = scale;
