@@ -136,11 +136,13 @@ __device__ __forceinline__ void add_partial(stats_partial& t, const stats_partia
   t.error += o.error;
 }
 
-// Sums the CTA's accumulators in a fixed order and writes them as partial blockIdx.x.
-__device__ void store_cta_stats(const stats_acc& acc, stats_partial* partials) {
+// The CTA's sum of one stats_partial per thread in a fixed order — butterfly shuffles inside each
+// warp, then the warp sums in warp order — so identical calls give identical bits. Valid in
+// thread 0 only.
+__device__ stats_partial cta_sum(const stats_partial& mine) {
   __shared__ stats_partial warp_sums[kWarpsPerCta];
-  unsigned long long c[4] = {acc.saturated, acc.clamped, acc.flushed, acc.nonfinite};
-  double s[2] = {acc.signal, acc.error};
+  unsigned long long c[4] = {mine.saturated, mine.clamped, mine.flushed, mine.nonfinite};
+  double s[2] = {mine.signal, mine.error};
 #pragma unroll
   for (int off = 16; off > 0; off >>= 1) {
 #pragma unroll
@@ -151,39 +153,30 @@ __device__ void store_cta_stats(const stats_acc& acc, stats_partial* partials) {
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   if (lane == 0) warp_sums[warp] = {c[0], c[1], c[2], c[3], s[0], s[1]};
   __syncthreads();
-  if (threadIdx.x == 0) {
-    stats_partial t = warp_sums[0];
+  stats_partial t = warp_sums[0];
+  if (threadIdx.x == 0)
     for (int w = 1; w < kWarpsPerCta; ++w) add_partial(t, warp_sums[w]);
-    partials[blockIdx.x] = t;
-  }
+  return t;
 }
 
-// One CTA: thread t sums partials t, t + kThreads, ... in that order, then a fixed tree (butterfly
-// shuffles inside each warp, warp sums in warp order) combines the threads: the order of every
-// double addition depends only on `count`, so identical calls give identical statistics. Launched
-// as a programmatic dependent of the quantize kernel (see launch_finalize): it may start while the
-// quantize kernel drains, and waits for it to complete before reading the partials.
+// Writes the CTA's statistics as partial blockIdx.x.
+__device__ void store_cta_stats(const stats_acc& acc, stats_partial* partials) {
+  const stats_partial t = cta_sum({acc.saturated, acc.clamped, acc.flushed, acc.nonfinite, acc.signal, acc.error});
+  if (threadIdx.x == 0) partials[blockIdx.x] = t;
+}
+
+// One CTA: thread t sums partials t, t + kThreads, ... in that order, then cta_sum combines the
+// threads: the order of every double addition depends only on `count`, so identical calls give
+// identical statistics. Launched as a programmatic dependent of the quantize kernel (see
+// launch_finalize): it may start while the quantize kernel drains, and waits for it to complete
+// before reading the partials.
 __global__ void __launch_bounds__(kThreads) finalize_stats(const stats_partial* partials, int count, int64_t blocks,
                                                            quant_stats* out) {
-  __shared__ stats_partial warp_sums[kWarpsPerCta];
   asm volatile("griddepcontrol.wait;" ::: "memory");
-  stats_partial t{0, 0, 0, 0, 0.0, 0.0};
-  for (int i = threadIdx.x; i < count; i += kThreads) add_partial(t, partials[i]);
-  unsigned long long c[4] = {t.saturated, t.clamped, t.flushed, t.nonfinite};
-  double s[2] = {t.signal, t.error};
-#pragma unroll
-  for (int off = 16; off > 0; off >>= 1) {
-#pragma unroll
-    for (int j = 0; j < 4; ++j) c[j] += __shfl_xor_sync(kFullMask, c[j], off);
-#pragma unroll
-    for (int j = 0; j < 2; ++j) s[j] += __shfl_xor_sync(kFullMask, s[j], off);
-  }
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  if (lane == 0) warp_sums[warp] = {c[0], c[1], c[2], c[3], s[0], s[1]};
-  __syncthreads();
+  stats_partial mine{0, 0, 0, 0, 0.0, 0.0};
+  for (int i = threadIdx.x; i < count; i += kThreads) add_partial(mine, partials[i]);
+  const stats_partial t = cta_sum(mine);
   if (threadIdx.x != 0 || out == nullptr) return;
-  t = warp_sums[0];
-  for (int w = 1; w < kWarpsPerCta; ++w) add_partial(t, warp_sums[w]);
   out->elements = blocks * mx::kBlockSize;
   out->blocks = blocks;
   out->saturated_blocks = static_cast<int64_t>(t.saturated);
