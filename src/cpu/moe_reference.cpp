@@ -17,6 +17,7 @@
 #include <thread>
 #include <vector>
 
+#include "mxmoe/activation.h"
 #include "mxmoe/error.h"
 #include "mxmoe/moe.h"
 #include "mxmoe/validate.h"
@@ -82,15 +83,6 @@ class weight_rows {
   layout::checkpoint_mxfp4 geom_;
   const F* table_;
 };
-
-template <class F>
-F activation(F gate, F up, const activation_config& act) {
-  if (act.kind == activation_kind::silu_mul) return gate / (F(1) + std::exp(-gate)) * up;
-  const F limit = static_cast<F>(act.limit), alpha = static_cast<F>(act.alpha);
-  const F g = std::min(gate, limit);
-  const F u = std::clamp(up, -limit, limit);
-  return g / (F(1) + std::exp(-alpha * g)) * (u + F(1));
-}
 
 // Expert ids and routing weights for all tokens, from whichever source the call gave.
 void resolve_routing(const tensor_view& x, const routing_input& routing, const moe_weights& weights,
@@ -169,7 +161,7 @@ void forward(const tensor_view& x, const std::vector<int32_t>& ids, const std::v
         const F* hj = h13.data() + j * 2 * inter;
         for (int64_t i = 0; i < inter; ++i)
           act[static_cast<size_t>(j * inter + i)] =
-              activation(hj[gate_up.checkpoint_row(i, 0)], hj[gate_up.checkpoint_row(i, 1)], cfg.activation);
+              activate(hj[gate_up.checkpoint_row(i, 0)], hj[gate_up.checkpoint_row(i, 1)], cfg.activation);
         act_rows[static_cast<size_t>(j)] = act.data() + j * inter;
       }
 
