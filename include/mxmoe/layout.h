@@ -85,13 +85,14 @@ struct checkpoint_mxfp4 {
     *n = r % rows;
     *k = (p.byte % row_bytes()) * 2 + p.high;
   }
-  MXMOE_HD int64_t scale_offset(int64_t e, int64_t n, int64_t kb) const {
-    return (e * rows + n) * scale_cols() + kb;
-  }
+  // The scales are linear: one scale_linear matrix of E*N rows.
+  MXMOE_HD scale_linear scales() const { return {experts * rows, scale_cols()}; }
+  MXMOE_HD int64_t scale_offset(int64_t e, int64_t n, int64_t kb) const { return scales().offset(e * rows + n, kb); }
   MXMOE_HD void scale_coord(int64_t off, int64_t* e, int64_t* n, int64_t* kb) const {
-    *kb = off % scale_cols();
-    *n = (off / scale_cols()) % rows;
-    *e = off / (scale_cols() * rows);
+    int64_t r;
+    scales().coord(off, &r, kb);
+    *e = r / rows;
+    *n = r % rows;
   }
 };
 
