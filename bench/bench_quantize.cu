@@ -8,8 +8,9 @@
 // median of --iters runs (default 30). Input: random bf16 (no zeros), regenerated per size; the
 // smallest size (64 MiB plus outputs) exceeds no L2 cache by much, so no flush between runs.
 //
-// Usage: bench_quantize [--quick] [--iters N] [--json PATH]
-//   --quick: 64 MiB and 256 MiB only.
+// Usage: bench_quantize [--quick] [--sizes MIB,MIB,...] [--iters N] [--json PATH]
+//   --quick: 64 MiB and 256 MiB only. --sizes: input sizes in MiB (each 1 .. 4096); the copy
+//   bandwidth is always measured on 2 GiB (or the largest size if larger), where it has converged.
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -119,6 +120,7 @@ int attribute(cudaDeviceAttr a, int dev) {
 int main(int argc, char** argv) {
   bool quick = false;
   int iters = 30;
+  std::vector<int64_t> sizes_arg;
   std::string json_path;
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--quick")) {
@@ -127,8 +129,19 @@ int main(int argc, char** argv) {
       iters = std::max(20, std::atoi(argv[++i]));
     } else if (!std::strcmp(argv[i], "--json") && i + 1 < argc) {
       json_path = argv[++i];
+    } else if (!std::strcmp(argv[i], "--sizes") && i + 1 < argc) {
+      for (const char* s = argv[++i]; *s;) {
+        char* end = nullptr;
+        const long long v = std::strtoll(s, &end, 10);
+        if (end == s || v < 1 || v > 4096 || (*end != ',' && *end != '\0')) {
+          std::fprintf(stderr, "--sizes: expected a comma-separated list of MiB in 1..4096, got '%s'\n", argv[i]);
+          return 1;
+        }
+        sizes_arg.push_back(v);
+        s = *end == ',' ? end + 1 : end;
+      }
     } else {
-      std::fprintf(stderr, "usage: %s [--quick] [--iters N>=20] [--json PATH]\n", argv[0]);
+      std::fprintf(stderr, "usage: %s [--quick] [--sizes MIB,...] [--iters N>=20] [--json PATH]\n", argv[0]);
       return 1;
     }
   }
@@ -145,8 +158,10 @@ int main(int argc, char** argv) {
               attribute(cudaDevAttrMultiProcessorCount, dev), sm_khz / 1000, mem_khz / 1000,
               attribute(cudaDevAttrGlobalMemoryBusWidth, dev));
 
-  const std::vector<int64_t> sizes_mib = quick ? std::vector<int64_t>{64, 256} : std::vector<int64_t>{64, 256, 1024, 2048};
-  const int64_t max_bytes = sizes_mib.back() * kMiB;
+  const std::vector<int64_t> sizes_mib = !sizes_arg.empty() ? sizes_arg
+                                         : quick             ? std::vector<int64_t>{64, 256}
+                                                             : std::vector<int64_t>{64, 256, 1024, 2048};
+  const int64_t max_bytes = std::max<int64_t>(2048, *std::max_element(sizes_mib.begin(), sizes_mib.end())) * kMiB;
   mxmoe::cuda::device_buffer x(static_cast<size_t>(max_bytes)), copy_dst(static_cast<size_t>(max_bytes)),
       packed(static_cast<size_t>(max_bytes / 4)), scales(static_cast<size_t>(max_bytes / 32 + 65536)),
       stats(sizeof(mxmoe::quant_stats));
@@ -163,7 +178,7 @@ int main(int argc, char** argv) {
   std::vector<row> rows;
   std::printf("%-10s %-6s %-12s %8s %10s %9s %7s\n", "op", "rule", "scales", "MiB in", "us", "GB/s", "of copy");
   for (int64_t mib : sizes_mib) {
-    const int64_t n = mib * kMiB / 2, r = n / kK;
+    const int64_t n = mib * kMiB / 2, r = n / kK;  // kK divides every size of at least 1 MiB
     fill_random_bf16<<<1024, 256>>>(static_cast<__nv_bfloat16*>(x.data()), n, static_cast<uint64_t>(mib));
     BENCH_CHECK(cudaGetLastError());
     const mxmoe::tensor_view xv = x.view(dtype::bf16, {r, kK}), pv = packed.view(dtype::u8, {r, kK / 2});

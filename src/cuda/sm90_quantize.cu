@@ -543,14 +543,59 @@ __device__ __forceinline__ int swizzle(int c) {
 // and clamping only lowers r_c), so d_c has at most 8 significant bits. Then d_c^2 has at most 16
 // and is an exact float whenever d_c is a multiple of 2^-74, which holds when every non-zero y is at
 // least 2^-67 (y is a bf16 normal there, ulp(y) >= 2^-74; zeros give d = 0); so mul_rn(d, d) is d^2
-// and add_rn(err, d^2) = fma(d, d, err): the three sums below are bit-identical to
-// mx::block_sq_error's. Blocks with a smaller non-zero element (rare: a dynamic range beyond 2^70)
-// and blocks without a search (zero or subnormal amax, NaN, Inf) return false and take the scalar
-// path (mse_scale + encode_block). Checked exhaustively on the host for every bf16 y in
-// [2^-67, 8) and 0 against mx::float_to_e2m1 / mx::block_sq_error's steps (throwaway program, see
-// docs/quantize_kernels.md). The winner's codes are the q_c already gathered; signal and error sums
-// are its error sum and sum y^2, rescaled to units of the winning scale (statistics only).
-__device__ __forceinline__ bool mse_encode_bf16(const uint32_t* w, uint32_t amax, uint32_t min_abs, uint8_t& scale,
+// and add_rn(err, d^2) = fma(d, d, err): the sums below are bit-identical to mx::block_sq_error's.
+// Blocks with a smaller non-zero element (rare: a dynamic range beyond 2^70) and blocks without a
+// search (zero or subnormal amax, NaN, Inf) return false and take the scalar path (mse_scale +
+// encode_block). Checked exhaustively on the host for every bf16 y in [2^-67, 8) and 0 against
+// mx::float_to_e2m1 / mx::block_sq_error's steps (throwaway program, see docs/quantize_kernels.md).
+//
+// ref and ref + 1 are always evaluated. ref - 1 almost never wins (its grid stops at 3 while
+// y_max >= 4), so it is evaluated only for the blocks where a bound cannot rule it out (see
+// mse_lo_cannot_win_b and _a; ~0.005% of the benchmark's blocks, ~0.6% of Gaussian ones).
+
+// Candidate ref + C (C in -1, 0, 1) for one bf16x2 word of y (y >= 0, e_full as above): its code word
+// q (code << 6 per half) and its exact error d = y - r.
+template <int C>
+__device__ __forceinline__ void mse_round_pair(uint32_t y, uint32_t e_full, uint32_t& q, uint32_t& d) {
+  using F = packed_format<dtype::bf16>;
+  using V = F::vec;
+  constexpr uint32_t kTwo = 0x40004000u, kThree = 0x40404040u, kNeg = 0x80008000u;
+  const uint32_t e = C < 0 ? __vminu2(e_full, kTwo) : __vmaxu2(e_full, C == 0 ? F::kOne : kTwo);
+  const uint32_t yc = C < 0 ? __vminu2(y, kThree) : (C == 0 ? __vminu2(y, F::kSix) : y);
+  const V ev = as_vec<V>(e);
+  const V s = __hfma2(ev, as_vec<V>(F::pow2(6)), as_vec<V>(yc));
+  // 2^m with m = -126 - C; 2^-127 (C = 1) is the bf16 subnormal 0x0040.
+  const V code_unit = as_vec<V>(C > 0 ? 0x00400040u : F::pow2(-126 - C));
+  q = vec_bits(__hfma2(s, code_unit, __hmul2(ev, as_vec<V>(F::pow2(-120 - C) | kNeg))));
+  d = vec_bits(__hfma2(as_vec<V>(q), as_vec<V>(F::pow2(126 + C) | kNeg), as_vec<V>(y)));
+}
+
+// Sound tests that candidate ref - 1 loses (CPU: it wins only if err_lo < err_ref, as floats), from the
+// block's largest y (y_max in [4, 8)), err_ref and ref's packed codes. In exact arithmetic, per element,
+// e_lo^2 - e_ref^2 is >= 0 for y > 3 (ref - 1 clamps at 3), 0 for y in [0.875, 3] (same grid there)
+// and at least -1/16 below 0.875, only for codes 0, 1, 2 of ref (the points 0.25 and 0.75 that ref - 1
+// adds gain at most 0.5 (1/4 - 1/8)). So E_lo - E_ref >= (y_max - 3)^2 - e_ref(y_max)^2 - n_small / 16
+// (A), and E_lo >= (y_max - 3)^2 alone (B). The float sums are within 31 half-ulps of the exact ones:
+// err_lo <= 800 and err_ref <= 128 give |err - E| < 2^-10 + 2^-13, below the margin 2^-8 used here
+// (the bounds are computed exactly or with errors far below it: every value has few bits).
+// B is checked first and alone where it holds (A costs ~25 instructions per block).
+__device__ __forceinline__ bool mse_lo_cannot_win_b(float y_max, float err_ref) {
+  const float t = y_max - 3.0f;
+  return __fmaf_rn(t, t, -err_ref) > 0x1p-8f;  // err_lo >= (y_max - 3)^2 - 2^-10
+}
+__device__ __forceinline__ bool mse_lo_cannot_win_a(float y_max, const uint32_t (&out_ref)[4]) {
+  const float t = y_max - 3.0f;
+  const float e_amax = y_max <= 5.0f ? y_max - 4.0f : fabsf(y_max - 6.0f);  // ref: 4 up to 5, then 6
+  int n_small = 0;  // codes with magnitude <= 2: not bit 2 and not (bits 1 and 0)
+#pragma unroll
+  for (int j = 0; j < 4; ++j)
+    n_small += __popc(~((out_ref[j] >> 2) | ((out_ref[j] >> 1) & out_ref[j])) & 0x11111111u);
+  return t * t - e_amax * e_amax - 0.0625f * static_cast<float>(n_small) > 0x1p-8f;  // A
+}
+
+// chunk(j) returns the block's words 4j .. 4j+3 (elements 8j .. 8j+7).
+template <class Chunk>
+__device__ __forceinline__ bool mse_encode_bf16(Chunk chunk, uint32_t amax, uint32_t min_abs, uint8_t& scale,
                                                 block_codes& codes, float& signal, float& error) {
   using F = packed_format<dtype::bf16>;
   using V = F::vec;
@@ -562,53 +607,39 @@ __device__ __forceinline__ bool mse_encode_bf16(const uint32_t* w, uint32_t amax
     // which as a signed 16-bit number is negative and ordered by |x|.
     uint32_t m2 = 0x7FFF7FFFu;
 #pragma unroll
-    for (int i = 0; i < 16; ++i) m2 = __vmins2(m2, (w[i] | 0x80008000u) - 0x00010001u);
+    for (int j = 0; j < 4; ++j) {
+      const uint4 v = chunk(j);
+      for (const uint32_t x : {v.x, v.y, v.z, v.w}) m2 = __vmins2(m2, (x | 0x80008000u) - 0x00010001u);
+    }
     const int m = min(static_cast<int>(static_cast<int16_t>(m2 & 0xFFFFu)), static_cast<int>(static_cast<int16_t>(m2 >> 16)));
     min_nonzero = static_cast<uint32_t>(m + 0x8001);  // amax > 0: some element is not zero
   }
   const float unscale = mx::bits_float(static_cast<uint32_t>(254 - ref) << 23);  // 2^(127 - ref), a normal float
   if (__fmul_rn(bf16_to_float(static_cast<uint16_t>(min_nonzero)), unscale) < 0x1p-67f) return false;
 
-  constexpr uint32_t kHalf = 0x3F003F00u, kTwo = 0x40004000u, kThree = 0x40404040u;
-  constexpr uint32_t kNeg = 0x80008000u;
+  constexpr uint32_t kHalf = 0x3F003F00u, kNeg = 0x80008000u;
   constexpr uint32_t kSpread = (1u << (24 - F::kCodeShift)) + (1u << (12 - F::kCodeShift));
   const V y_scale = as_vec<V>(F::pow2(127 - ref));
-  const V magic = as_vec<V>(F::pow2(6));
-  const V code_lo = as_vec<V>(F::pow2(-125)), code_ref = as_vec<V>(F::pow2(-126));
-  const V code_hi = as_vec<V>(0x00400040u);  // 2^-127, a bf16 subnormal
-  const V neg_m_lo = as_vec<V>(F::pow2(-119) | kNeg), neg_m_ref = as_vec<V>(F::pow2(-120) | kNeg),
-          neg_m_hi = as_vec<V>(F::pow2(-121) | kNeg);
-  const V back_lo = as_vec<V>(F::pow2(125) | kNeg), back_ref = as_vec<V>(F::pow2(126) | kNeg),
-          back_hi = as_vec<V>(F::pow2(127) | kNeg);
-  float err_lo = 0.0f, err_ref = 0.0f, err_hi = 0.0f, sig = 0.0f;
-  uint32_t out_lo[4], out_ref[4], out_hi[4];
+  auto y_of = [&](uint32_t x) { return vec_bits(__hmul2(as_vec<V>(x & 0x7FFF7FFFu), y_scale)); };
+  float err_ref = 0.0f, err_hi = 0.0f, sig = 0.0f;
+  uint32_t out_ref[4], out_hi[4];
 #pragma unroll
   for (int j = 0; j < 4; ++j) {
-    uint32_t g_lo[4], g_ref[4], g_hi[4];
+    uint32_t g_ref[4], g_hi[4];
+    const uint4 v = chunk(j);
+    const uint32_t xs[4] = {v.x, v.y, v.z, v.w};
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
-      const uint32_t x = w[4 * j + i];
-      const V yv = __hmul2(as_vec<V>(x & 0x7FFF7FFFu), y_scale);
-      const uint32_t y = vec_bits(yv);
+      const uint32_t x = xs[i];
+      const uint32_t y = y_of(x);
       const uint32_t e_full = __vmaxu2(y, kHalf) & F::kExponent;  // bit order = value order for y >= 0
-      const V e_lo = as_vec<V>(__vminu2(e_full, kTwo)), e_ref = as_vec<V>(__vmaxu2(e_full, F::kOne)),
-              e_hi = as_vec<V>(__vmaxu2(e_full, kTwo));
-      const V s_lo = __hfma2(e_lo, magic, as_vec<V>(__vminu2(y, kThree)));
-      const V s_ref = __hfma2(e_ref, magic, as_vec<V>(__vminu2(y, F::kSix)));
-      const V s_hi = __hfma2(e_hi, magic, yv);
-      const uint32_t q_lo = vec_bits(__hfma2(s_lo, code_lo, __hmul2(e_lo, neg_m_lo)));
-      const uint32_t q_ref = vec_bits(__hfma2(s_ref, code_ref, __hmul2(e_ref, neg_m_ref)));
-      const uint32_t q_hi = vec_bits(__hfma2(s_hi, code_hi, __hmul2(e_hi, neg_m_hi)));
-      const uint32_t d_lo = vec_bits(__hfma2(as_vec<V>(q_lo), back_lo, yv));
-      const uint32_t d_ref = vec_bits(__hfma2(as_vec<V>(q_ref), back_ref, yv));
-      const uint32_t d_hi = vec_bits(__hfma2(as_vec<V>(q_hi), back_hi, yv));
+      uint32_t q_ref, d_ref, q_hi, d_hi;
+      mse_round_pair<0>(y, e_full, q_ref, d_ref);
+      mse_round_pair<1>(y, e_full, q_hi, d_hi);
       const uint32_t signs = (x & kNeg) * 0x1001u;  // see gather_byte
-      g_lo[i] = q_lo * kSpread + signs;
       g_ref[i] = q_ref * kSpread + signs;
       g_hi[i] = q_hi * kSpread + signs;
       // Element 4j + i's pair in mx::block_sq_error's order: low half (element 2(4j + i)) first.
-      err_lo = __fmaf_rn(F::lo(d_lo), F::lo(d_lo), err_lo);
-      err_lo = __fmaf_rn(F::hi(d_lo), F::hi(d_lo), err_lo);
       err_ref = __fmaf_rn(F::lo(d_ref), F::lo(d_ref), err_ref);
       err_ref = __fmaf_rn(F::hi(d_ref), F::hi(d_ref), err_ref);
       err_hi = __fmaf_rn(F::lo(d_hi), F::lo(d_hi), err_hi);
@@ -616,16 +647,37 @@ __device__ __forceinline__ bool mse_encode_bf16(const uint32_t* w, uint32_t amax
       sig = fmaf(F::lo(y), F::lo(y), sig);
       sig = fmaf(F::hi(y), F::hi(y), sig);
     }
-    out_lo[j] = pack_bytes3(g_lo);
     out_ref[j] = pack_bytes3(g_ref);
     out_hi[j] = pack_bytes3(g_hi);
   }
   // mx::block_scale: start from ref, visit ref - 1 then ref + 1; ties go to the larger byte.
   int pick = 0;
   float best = err_ref;
-  if (ref > 0 && err_lo < best) {
-    pick = -1;
-    best = err_lo;
+  uint32_t out_lo[4] = {0, 0, 0, 0};
+  const float y_max = __fmul_rn(mx::bits_float(amax), unscale);
+  if (ref > 0 && !mse_lo_cannot_win_b(y_max, err_ref) && !mse_lo_cannot_win_a(y_max, out_ref)) {
+    float err_lo = 0.0f;
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      uint32_t g_lo[4];
+      const uint4 v = chunk(j);
+      const uint32_t xs[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const uint32_t x = xs[i];
+        const uint32_t y = y_of(x);
+        uint32_t q_lo, d_lo;
+        mse_round_pair<-1>(y, __vmaxu2(y, kHalf) & F::kExponent, q_lo, d_lo);
+        g_lo[i] = q_lo * kSpread + (x & kNeg) * 0x1001u;
+        err_lo = __fmaf_rn(F::lo(d_lo), F::lo(d_lo), err_lo);
+        err_lo = __fmaf_rn(F::hi(d_lo), F::hi(d_lo), err_lo);
+      }
+      out_lo[j] = pack_bytes3(g_lo);
+    }
+    if (err_lo < best) {
+      pick = -1;
+      best = err_lo;
+    }
   }
   if (err_hi <= best) {  // ref <= 252: ref + 1 is always a candidate
     pick = 1;
@@ -646,8 +698,11 @@ __device__ __forceinline__ bool mse_encode_bf16(const uint32_t* w, uint32_t amax
   if (pick <= 0 && (amax >> 16) > clamp_at) {
     uint32_t clamped_acc = 0;
 #pragma unroll
-    for (int i = 0; i < 16; ++i)
-      clamped_acc -= __hgt2_mask(as_vec<V>(w[i] & 0x7FFF7FFFu), as_vec<V>(clamp_at * 0x10001u));
+    for (int j = 0; j < 4; ++j) {
+      const uint4 v = chunk(j);
+      for (const uint32_t x : {v.x, v.y, v.z, v.w})
+        clamped_acc -= __hgt2_mask(as_vec<V>(x & 0x7FFF7FFFu), as_vec<V>(clamp_at * 0x10001u));
+    }
     clamped = clamped_count(clamped_acc);
   }
   codes = {make_uint4(out[0], out[1], out[2], out[3]), nonzero, clamped};
@@ -768,8 +823,10 @@ __global__ void __launch_bounds__(kThreads, min_ctas_per_sm<D, R>()) quantize_fa
       block_codes c{};
       float signal = 0.0f, error = 0.0f;  // in units of the scale
       bool encoded = false;
-      if constexpr (R == scale_rule::mse && D == dtype::bf16)
-        encoded = mse_encode_bf16(w, amax, min_abs, scale, c, signal, error);
+      if constexpr (R == scale_rule::mse && D == dtype::bf16) {
+        auto chunk = [&](int j) { return make_uint4(w[4 * j], w[4 * j + 1], w[4 * j + 2], w[4 * j + 3]); };
+        encoded = mse_encode_bf16(chunk, amax, min_abs, scale, c, signal, error);
+      }
       if (!encoded) {
         if constexpr (R == scale_rule::mse) scale = mse_scale<D>(w, amax);
         else scale = mx::scale_from_amax(mx::bits_float(amax), R);

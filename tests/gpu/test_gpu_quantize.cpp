@@ -306,6 +306,64 @@ TEST_P(GpuQuantize, SpecialValuesMatchCpu) {
   check_case(x, c.rule, c.layout);
 }
 
+// Blocks where the mse candidates come close: ref - 1 (the floor byte minus one) winning, tying
+// (equal sums keep ref) or just losing, and ref + 1 tying with ref (every element on its coarser
+// grid: equal sums pick the larger byte). The bf16 kernel evaluates ref - 1 only where a bound does
+// not rule it out; these blocks are where the bound fails, so they check that path and the bound.
+TEST_P(GpuQuantize, MseCloseCandidatesMatchCpu) {
+  const combo c = GetParam();
+  std::mt19937_64 rng(4242 + static_cast<uint64_t>(c.type));
+  std::uniform_real_distribution<float> unit(0.0f, 1.0f);
+  std::vector<std::vector<float>> blocks;
+  for (int e : {-5, 0, 3}) {
+    const float u = std::ldexp(1.0f, e);  // ref's unit: y = |x| / u, amax in [4u, 8u)
+    // ref - 1 region: amax just above 4u, the rest where ref - 1's extra points 0.25u and 0.75u help.
+    for (int n = 0; n < 24; ++n) {
+      std::vector<float> b(32);
+      b[static_cast<size_t>(n % 32)] = u * (4.0f + 0.5f * unit(rng) * unit(rng));
+      for (int j = 0; j < 32; ++j) {
+        if (j == n % 32) continue;
+        const float r = unit(rng);
+        const float y = (r < 0.45f ? 0.25f : (r < 0.9f ? 0.75f : 1.5f + 1.5f * unit(rng))) + 0.2f * (unit(rng) - 0.5f);
+        b[static_cast<size_t>(j)] = (j & 1 ? -u : u) * y;
+      }
+      blocks.push_back(b);
+    }
+    // Exact ties with ref - 1: amax 4u and 16 elements at 0.25u (ref: error 1/16 each; ref - 1: 0,
+    // but 1 on amax): equal sums, so ref stays.
+    std::vector<float> tie(32, 0.0f);
+    tie[0] = 4.0f * u;
+    for (int j = 1; j <= 16; ++j) tie[static_cast<size_t>(j)] = 0.25f * u;
+    blocks.push_back(tie);
+    // ref + 1 ties: every element on its grid (0, 2u, 4u, 6u in units of ref), amax 6u.
+    std::vector<float> hi_tie(32);
+    for (int j = 0; j < 32; ++j) hi_tie[static_cast<size_t>(j)] = (j & 1 ? -u : u) * static_cast<float>(2 * (j % 4));
+    blocks.push_back(hi_tie);
+    // ref + 1 region: amax in (7u, 8u).
+    for (int n = 0; n < 8; ++n) {
+      std::vector<float> b(32);
+      for (int j = 0; j < 32; ++j) b[static_cast<size_t>(j)] = (j & 1 ? -u : u) * 2.0f * unit(rng);
+      b[static_cast<size_t>(3 * n)] = u * (7.0f + unit(rng));
+      blocks.push_back(b);
+    }
+  }
+  const int64_t rows = static_cast<int64_t>(blocks.size());
+  host_tensor x = contiguous(c.type, 1, rows, 32);
+  x.fill([&](int64_t, int64_t r, int64_t k) { return blocks[static_cast<size_t>(r)][static_cast<size_t>(k)]; });
+  check_case(x, c.rule, c.layout);
+  // The same blocks really contain ref - 1 winners (else this test would not cover that path).
+  if (c.rule == scale_rule::mse && c.layout == scale_layout::linear) {
+    const quantized cpu = quantize_on_cpu(x, c.rule, c.layout);
+    int below_floor = 0;
+    for (int64_t r = 0; r < rows; ++r) {
+      float amax = 0.0f;
+      for (float v : blocks[static_cast<size_t>(r)]) amax = std::max(amax, std::fabs(v));
+      below_floor += cpu.scales[static_cast<size_t>(r)] < mx::scale_from_amax(amax, scale_rule::floor) ? 1 : 0;
+    }
+    EXPECT_GT(below_floor, 0) << "no block picked ref - 1";
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(AllRulesLayoutsDtypes, GpuQuantize, testing::ValuesIn(all_combos()), combo_name);
 
 // Every byte value as codes and as scales (0: the subnormal 2^-127, 0xFF: NaN) through dequantize.

@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# Nsight Compute profiles of the GPU quantize kernels (bf16 input, 256 MiB, linear scales) and the
+# fixed cost per call (bench_quantize at 1 MiB), on the GPU machine, from binaries built elsewhere.
+# Writes to $OUT (default ./gpu-out): profile_<rule>.txt (ncu details, clocks not locked) and
+# fixed_cost.txt. Usage: MXMOE_BIN=build/bin scripts/profile_quantize.sh [rule ...] (default: floor rceil mse)
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-$PWD/gpu-out}
+BIN=${MXMOE_BIN:-build/bin}
+mkdir -p "$OUT"
+"$BIN/bench_quantize" --sizes 1,256 --iters 20 2>&1 | tee "$OUT/fixed_cost.txt"
+# bench_quantize --sizes 256 launches quantize_fast 23 times per rule (3 warm-up + 20 timed), in the
+# order floor, even, rceil, mse, then rceil with tiled scales.
+declare -A skip=([floor]=0 [even]=23 [rceil]=46 [mse]=69)
+for rule in "${@:-floor rceil mse}"; do
+  for r in $rule; do
+    timeout 240 ncu --set full --clock-control none --kernel-name regex:quantize_fast --launch-skip "${skip[$r]}" \
+      --launch-count 1 --page details --print-units base "$BIN/bench_quantize" --sizes 256 --iters 20 \
+      >"$OUT/profile_$r.txt" 2>&1
+    echo "ncu $r: exit $?"
+    grep -E "Duration|Registers Per|Achieved Occupancy|Issue Slots Busy|Executed Ipc Active|DRAM Throughput|No Eligible" "$OUT/profile_$r.txt" | head -12
+  done
+done
+timeout 120 ncu --set full --clock-control none --kernel-name regex:finalize_stats --launch-skip 30 --launch-count 1 \
+  --page details --print-units base "$BIN/bench_quantize" --sizes 256 --iters 20 >"$OUT/profile_finalize.txt" 2>&1
+echo "ncu finalize: exit $?"
+grep -E "Duration" "$OUT/profile_finalize.txt" | head -3
