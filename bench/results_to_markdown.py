@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
-"""Markdown tables for docs/performance.md from a bench_moe JSON (and optionally a
-bench_quantize JSON):   python3 bench/results_to_markdown.py MOE.json [QUANTIZE.json]"""
+"""Markdown tables for docs/performance.md from bench_moe and/or bench_quantize JSON files:
+python3 bench/results_to_markdown.py [MOE.json] [QUANTIZE.json] ..."""
 import json
 import sys
 
@@ -27,6 +27,7 @@ def quantize_table(q):
 
 
 if __name__ == "__main__":
-    moe_table(json.load(open(sys.argv[1])))
-    if len(sys.argv) > 2:
-        quantize_table(json.load(open(sys.argv[2])))
+    # Each argument is a bench_moe or a bench_quantize JSON (told apart by their rows).
+    for path in sys.argv[1:]:
+        d = json.load(open(path))
+        (quantize_table if d.get("rows") and "rule" in d["rows"][0] else moe_table)(d)

@@ -593,9 +593,7 @@ __device__ __forceinline__ bool mse_lo_cannot_win_a(float y_max, const uint32_t 
   return t * t - e_amax * e_amax - 0.0625f * static_cast<float>(n_small) > 0x1p-8f;  // A
 }
 
-// chunk(j) returns the block's words 4j .. 4j+3 (elements 8j .. 8j+7).
-template <class Chunk>
-__device__ __forceinline__ bool mse_encode_bf16(Chunk chunk, uint32_t amax, uint32_t min_abs, uint8_t& scale,
+__device__ __forceinline__ bool mse_encode_bf16(const uint32_t* w, uint32_t amax, uint32_t min_abs, uint8_t& scale,
                                                 block_codes& codes, float& signal, float& error) {
   using F = packed_format<dtype::bf16>;
   using V = F::vec;
@@ -607,10 +605,7 @@ __device__ __forceinline__ bool mse_encode_bf16(Chunk chunk, uint32_t amax, uint
     // which as a signed 16-bit number is negative and ordered by |x|.
     uint32_t m2 = 0x7FFF7FFFu;
 #pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      const uint4 v = chunk(j);
-      for (const uint32_t x : {v.x, v.y, v.z, v.w}) m2 = __vmins2(m2, (x | 0x80008000u) - 0x00010001u);
-    }
+    for (int i = 0; i < 16; ++i) m2 = __vmins2(m2, (w[i] | 0x80008000u) - 0x00010001u);
     const int m = min(static_cast<int>(static_cast<int16_t>(m2 & 0xFFFFu)), static_cast<int>(static_cast<int16_t>(m2 >> 16)));
     min_nonzero = static_cast<uint32_t>(m + 0x8001);  // amax > 0: some element is not zero
   }
@@ -621,24 +616,21 @@ __device__ __forceinline__ bool mse_encode_bf16(Chunk chunk, uint32_t amax, uint
   constexpr uint32_t kSpread = (1u << (24 - F::kCodeShift)) + (1u << (12 - F::kCodeShift));
   const V y_scale = as_vec<V>(F::pow2(127 - ref));
   auto y_of = [&](uint32_t x) { return vec_bits(__hmul2(as_vec<V>(x & 0x7FFF7FFFu), y_scale)); };
+  auto e_full_of = [](uint32_t y) { return __vmaxu2(y, kHalf) & F::kExponent; };  // bit order = value order, y >= 0
+  auto signs_of = [](uint32_t x) { return (x & kNeg) * 0x1001u; };                // see gather_byte
   float err_ref = 0.0f, err_hi = 0.0f, sig = 0.0f;
   uint32_t out_ref[4], out_hi[4];
 #pragma unroll
   for (int j = 0; j < 4; ++j) {
     uint32_t g_ref[4], g_hi[4];
-    const uint4 v = chunk(j);
-    const uint32_t xs[4] = {v.x, v.y, v.z, v.w};
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
-      const uint32_t x = xs[i];
-      const uint32_t y = y_of(x);
-      const uint32_t e_full = __vmaxu2(y, kHalf) & F::kExponent;  // bit order = value order for y >= 0
+      const uint32_t x = w[4 * j + i], y = y_of(x), e_full = e_full_of(y);
       uint32_t q_ref, d_ref, q_hi, d_hi;
       mse_round_pair<0>(y, e_full, q_ref, d_ref);
       mse_round_pair<1>(y, e_full, q_hi, d_hi);
-      const uint32_t signs = (x & kNeg) * 0x1001u;  // see gather_byte
-      g_ref[i] = q_ref * kSpread + signs;
-      g_hi[i] = q_hi * kSpread + signs;
+      g_ref[i] = q_ref * kSpread + signs_of(x);
+      g_hi[i] = q_hi * kSpread + signs_of(x);
       // Element 4j + i's pair in mx::block_sq_error's order: low half (element 2(4j + i)) first.
       err_ref = __fmaf_rn(F::lo(d_ref), F::lo(d_ref), err_ref);
       err_ref = __fmaf_rn(F::hi(d_ref), F::hi(d_ref), err_ref);
@@ -660,15 +652,12 @@ __device__ __forceinline__ bool mse_encode_bf16(Chunk chunk, uint32_t amax, uint
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
       uint32_t g_lo[4];
-      const uint4 v = chunk(j);
-      const uint32_t xs[4] = {v.x, v.y, v.z, v.w};
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
-        const uint32_t x = xs[i];
-        const uint32_t y = y_of(x);
+        const uint32_t x = w[4 * j + i], y = y_of(x);
         uint32_t q_lo, d_lo;
-        mse_round_pair<-1>(y, __vmaxu2(y, kHalf) & F::kExponent, q_lo, d_lo);
-        g_lo[i] = q_lo * kSpread + (x & kNeg) * 0x1001u;
+        mse_round_pair<-1>(y, e_full_of(y), q_lo, d_lo);
+        g_lo[i] = q_lo * kSpread + signs_of(x);
         err_lo = __fmaf_rn(F::lo(d_lo), F::lo(d_lo), err_lo);
         err_lo = __fmaf_rn(F::hi(d_lo), F::hi(d_lo), err_lo);
       }
@@ -698,11 +687,8 @@ __device__ __forceinline__ bool mse_encode_bf16(Chunk chunk, uint32_t amax, uint
   if (pick <= 0 && (amax >> 16) > clamp_at) {
     uint32_t clamped_acc = 0;
 #pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      const uint4 v = chunk(j);
-      for (const uint32_t x : {v.x, v.y, v.z, v.w})
-        clamped_acc -= __hgt2_mask(as_vec<V>(x & 0x7FFF7FFFu), as_vec<V>(clamp_at * 0x10001u));
-    }
+    for (int i = 0; i < 16; ++i)
+      clamped_acc -= __hgt2_mask(as_vec<V>(w[i] & 0x7FFF7FFFu), as_vec<V>(clamp_at * 0x10001u));
     clamped = clamped_count(clamped_acc);
   }
   codes = {make_uint4(out[0], out[1], out[2], out[3]), nonzero, clamped};
@@ -823,10 +809,8 @@ __global__ void __launch_bounds__(kThreads, min_ctas_per_sm<D, R>()) quantize_fa
       block_codes c{};
       float signal = 0.0f, error = 0.0f;  // in units of the scale
       bool encoded = false;
-      if constexpr (R == scale_rule::mse && D == dtype::bf16) {
-        auto chunk = [&](int j) { return make_uint4(w[4 * j], w[4 * j + 1], w[4 * j + 2], w[4 * j + 3]); };
-        encoded = mse_encode_bf16(chunk, amax, min_abs, scale, c, signal, error);
-      }
+      if constexpr (R == scale_rule::mse && D == dtype::bf16)
+        encoded = mse_encode_bf16(w, amax, min_abs, scale, c, signal, error);
       if (!encoded) {
         if constexpr (R == scale_rule::mse) scale = mse_scale<D>(w, amax);
         else scale = mx::scale_from_amax(mx::bits_float(amax), R);
