@@ -41,7 +41,6 @@ class block_map {
   }
 
   int64_t batch() const { return batch_; }
-  int64_t rows() const { return rows_; }
   int64_t total_rows() const { return batch_ * rows_; }
   int64_t blocks_per_row() const { return k_ / mx::kBlockSize; }
   const layout::scale_tiled_128x4& tiled() const { return tiled_; }
@@ -64,6 +63,19 @@ class block_map {
   }
   int64_t rows_per_chunk() const { return std::max<int64_t>(1, kChunkElements / k_); }
   int64_t chunks() const { return layout::ceil_div(total_rows(), rows_per_chunk()); }
+
+  // fn(element offset of the block, packed byte offset, scale byte offset) for every block of chunk c,
+  // in row-major order.
+  template <class Fn>
+  void for_each_block(int64_t c, const Fn& fn) const {
+    const int64_t end = std::min(total_rows(), (c + 1) * rows_per_chunk());
+    for (int64_t r = c * rows_per_chunk(); r < end; ++r) {
+      const int64_t b = r / rows_, n = r % rows_;
+      const int64_t row = value_offset(b, n);
+      for (int64_t kb = 0; kb < blocks_per_row(); ++kb)
+        fn(row + kb * mx::kBlockSize, packed_offset(b, n, kb), scale_offset(b, n, kb));
+    }
+  }
 
  private:
   std::vector<int64_t> lead_shape_, lead_strides_;
@@ -154,24 +166,18 @@ quant_stats quantize(const tensor_view& x, mx::scale_rule rule, scale_layout lay
   const block_map map(x, layout);
   uint8_t* packed_base = packed.as<uint8_t>();
   uint8_t* scale_base = scales.as<uint8_t>();
-  const int64_t rows_per_chunk = map.rows_per_chunk();
   std::vector<quant_stats> chunk_stats(static_cast<size_t>(map.chunks()));
 
   for_each_chunk(map.chunks(), threads, [&](int64_t c) {
     quant_stats st;
-    const int64_t end = std::min(map.total_rows(), (c + 1) * rows_per_chunk);
     float block[mx::kBlockSize];
-    for (int64_t r = c * rows_per_chunk; r < end; ++r) {
-      const int64_t b = r / map.rows(), n = r % map.rows();
-      const int64_t row = map.value_offset(b, n);
-      for (int64_t kb = 0; kb < map.blocks_per_row(); ++kb) {
-        load_block(x, row + kb * mx::kBlockSize, block);
-        uint8_t* codes = packed_base + map.packed_offset(b, n, kb);
-        uint8_t* scale = scale_base + map.scale_offset(b, n, kb);
-        const mx::block_stats bs = mx::quantize_block(block, rule, scale, codes);
-        add_block_stats(block, codes, *scale, bs, st);
-      }
-    }
+    map.for_each_block(c, [&](int64_t value, int64_t packed_at, int64_t scale_at) {
+      load_block(x, value, block);
+      uint8_t* codes = packed_base + packed_at;
+      uint8_t* scale = scale_base + scale_at;
+      const mx::block_stats bs = mx::quantize_block(block, rule, scale, codes);
+      add_block_stats(block, codes, *scale, bs, st);
+    });
     chunk_stats[static_cast<size_t>(c)] = st;
   });
 
@@ -191,22 +197,14 @@ void dequantize(const tensor_view& packed, const tensor_view& scales, scale_layo
   const block_map map(out, layout);
   const uint8_t* packed_base = packed.as<const uint8_t>();
   const uint8_t* scale_base = scales.as<const uint8_t>();
-  const int64_t rows_per_chunk = map.rows_per_chunk();
-
   for_each_chunk(map.chunks(), threads, [&](int64_t c) {
-    const int64_t end = std::min(map.total_rows(), (c + 1) * rows_per_chunk);
     float block[mx::kBlockSize];
-    for (int64_t r = c * rows_per_chunk; r < end; ++r) {
-      const int64_t b = r / map.rows(), n = r % map.rows();
-      const int64_t row = map.value_offset(b, n);
-      for (int64_t kb = 0; kb < map.blocks_per_row(); ++kb) {
-        const uint8_t* codes = packed_base + map.packed_offset(b, n, kb);
-        const uint8_t scale = scale_base[map.scale_offset(b, n, kb)];
-        for (int i = 0; i < mx::kBlockSize; ++i)
-          block[i] = mx::dequantize_value(mx::unpack_e2m1(codes[i >> 1], i), scale);
-        store_block(block, out, row + kb * mx::kBlockSize);
-      }
-    }
+    map.for_each_block(c, [&](int64_t value, int64_t packed_at, int64_t scale_at) {
+      const uint8_t* codes = packed_base + packed_at;
+      const uint8_t scale = scale_base[scale_at];
+      for (int i = 0; i < mx::kBlockSize; ++i) block[i] = mx::dequantize_value(mx::unpack_e2m1(codes[i >> 1], i), scale);
+      store_block(block, out, value);
+    });
   });
 }
 
