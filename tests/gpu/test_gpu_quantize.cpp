@@ -3,7 +3,9 @@
 // for every scale rule x scale layout x input dtype, on random data of several distributions,
 // special values, odd shapes, batched and strided inputs (fast and reference kernels), with the
 // outputs pre-filled with 0xFF (tiled padding included). Bad input must throw and write nothing;
-// identical calls must give identical bytes.
+// identical calls must give identical bytes; the asynchronous form's statistics must be right on
+// concurrent streams and inside CUDA graphs.
+#include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -410,6 +412,115 @@ TEST(GpuQuantize, AsyncFormWritesTheSameStatistics) {
   quant_stats st;
   dstats.download(&st, sizeof st);
   expect_same_stats(st, cpu.stats, "quantize_async");
+}
+
+#define CUDA_OK(call) ASSERT_EQ((call), cudaSuccess) << #call
+
+// The statistics are reduced by the last CTA of the quantize kernel, counted on a per-stream
+// counter that every launch leaves at zero (src/cuda/stream_counter.h). Several non-blocking
+// streams quantizing at once, each three times in a row, into statistics pre-filled with 0xFF:
+// every result must be the CPU's, and the three of a stream bitwise equal. The tensors are big
+// enough for a full grid (every SM busy), so the streams' kernels really overlap.
+TEST(GpuQuantize, AsyncStatisticsOnConcurrentStreams) {
+  constexpr int kStreams = 4, kRepeats = 3;
+  const std::vector<int64_t> shape{1, 1200, 2880};
+  std::vector<host_tensor> xs;
+  std::vector<quantized> cpu;
+  std::vector<cuda::device_buffer> dx, dp, ds;
+  cuda::device_buffer dstats(sizeof(quant_stats) * kStreams * kRepeats);
+  dstats.fill(0xFF);
+  std::vector<cudaStream_t> streams(kStreams);
+  for (int i = 0; i < kStreams; ++i) {
+    std::mt19937_64 rng(100 + i);
+    xs.push_back(contiguous(dtype::bf16, shape[0], shape[1], shape[2]));
+    xs.back().fill([&](int64_t, int64_t, int64_t) { return draw(kDists[i % 4], rng, dtype::bf16); });
+    cpu.push_back(quantize_on_cpu(xs.back(), scale_rule::floor, scale_layout::linear));
+    dx.emplace_back(xs.back().bytes.size());
+    dx.back().upload(xs.back().bytes.data(), xs.back().bytes.size());
+    dp.emplace_back(cpu.back().packed.size());
+    ds.emplace_back(cpu.back().scales.size());
+    CUDA_OK(cudaStreamCreateWithFlags(&streams[i], cudaStreamNonBlocking));
+  }
+  cuda::synchronize();  // the fill is on the legacy stream, which non-blocking streams do not wait for
+  auto* stats = static_cast<quant_stats*>(dstats.data());
+  for (int r = 0; r < kRepeats; ++r)
+    for (int i = 0; i < kStreams; ++i)
+      cuda::quantize_async(xs[i].view(dx[i].data(), device_kind::cuda), scale_rule::floor, scale_layout::linear,
+                           dp[i].view(dtype::u8, {1, 1200, 1440}), ds[i].view(dtype::u8, {1, 1200, 90}),
+                           stats + r * kStreams + i, streams[i]);
+  for (cudaStream_t s : streams) CUDA_OK(cudaStreamSynchronize(s));
+  std::vector<quant_stats> got(kStreams * kRepeats);
+  dstats.download(got.data(), dstats.size());
+  for (int i = 0; i < kStreams; ++i) {
+    for (int r = 0; r < kRepeats; ++r) {
+      const quant_stats& g = got[r * kStreams + i];
+      expect_same_stats(g, cpu[i].stats, "stream " + std::to_string(i) + " call " + std::to_string(r));
+      EXPECT_EQ(g.signal_sq, got[i].signal_sq) << "stream " << i << " call " << r;  // bitwise
+      EXPECT_EQ(g.error_sq, got[i].error_sq) << "stream " << i << " call " << r;
+    }
+    quantized q;
+    q.packed.resize(dp[i].size());
+    q.scales.resize(ds[i].size());
+    dp[i].download(q.packed.data(), q.packed.size());
+    ds[i].download(q.scales.data(), q.scales.size());
+    expect_same_bytes(q, cpu[i], "stream " + std::to_string(i));
+  }
+  for (cudaStream_t s : streams) CUDA_OK(cudaStreamDestroy(s));
+}
+
+// quantize_async captured into a CUDA graph (statistics workspace and counter allocated and zeroed
+// inside the graph), the graph launched twice on another stream, with direct calls on the capture
+// stream in between: all give the CPU's bytes and statistics.
+TEST(GpuQuantize, AsyncStatisticsInCudaGraph) {
+  std::mt19937_64 rng(21);
+  host_tensor x = contiguous(dtype::bf16, 2, 700, 2880);
+  x.fill([&](int64_t, int64_t, int64_t) { return draw(dist::laplace, rng, dtype::bf16); });
+  const quantized cpu = quantize_on_cpu(x, scale_rule::mse, scale_layout::tiled_128x4);
+  const std::vector<int64_t> sshape = scale_shape(x.shape, scale_layout::tiled_128x4);
+  cuda::device_buffer dx(x.bytes.size()), dp(cpu.packed.size()), ds(cpu.scales.size()),
+      dstats(2 * sizeof(quant_stats));
+  dx.upload(x.bytes.data(), x.bytes.size());
+  auto* stats = static_cast<quant_stats*>(dstats.data());
+  cudaStream_t capture_stream, replay_stream;
+  CUDA_OK(cudaStreamCreateWithFlags(&capture_stream, cudaStreamNonBlocking));
+  CUDA_OK(cudaStreamCreateWithFlags(&replay_stream, cudaStreamNonBlocking));
+  auto run = [&](cudaStream_t s, quant_stats* out) {
+    cuda::quantize_async(x.view(dx.data(), device_kind::cuda), scale_rule::mse, scale_layout::tiled_128x4,
+                         dp.view(dtype::u8, {2, 700, 1440}), ds.view(dtype::u8, sshape), out, s);
+  };
+  cudaGraph_t graph;
+  CUDA_OK(cudaStreamBeginCapture(capture_stream, cudaStreamCaptureModeThreadLocal));
+  run(capture_stream, stats);
+  CUDA_OK(cudaStreamEndCapture(capture_stream, &graph));
+  cudaGraphExec_t exec;
+  CUDA_OK(cudaGraphInstantiate(&exec, graph, 0));
+  auto check = [&](const std::string& what) {
+    std::vector<quant_stats> got(2);
+    dstats.download(got.data(), dstats.size());
+    quantized q;
+    q.packed.resize(dp.size());
+    q.scales.resize(ds.size());
+    dp.download(q.packed.data(), q.packed.size());
+    ds.download(q.scales.data(), q.scales.size());
+    expect_same_bytes(q, cpu, what);
+    expect_same_stats(got[0], cpu.stats, what + ", graph");
+    expect_same_stats(got[1], cpu.stats, what + ", direct");
+  };
+  for (int round = 0; round < 2; ++round) {
+    dstats.fill(0xFF);
+    dp.fill(0xFF);
+    ds.fill(0xFF);
+    cuda::synchronize();  // the fills are on the legacy stream, which non-blocking streams do not wait for
+    CUDA_OK(cudaGraphLaunch(exec, replay_stream));
+    run(capture_stream, stats + 1);
+    CUDA_OK(cudaStreamSynchronize(replay_stream));
+    CUDA_OK(cudaStreamSynchronize(capture_stream));
+    check("round " + std::to_string(round));
+  }
+  CUDA_OK(cudaGraphExecDestroy(exec));
+  CUDA_OK(cudaGraphDestroy(graph));
+  CUDA_OK(cudaStreamDestroy(capture_stream));
+  CUDA_OK(cudaStreamDestroy(replay_stream));
 }
 
 // Bad input: an invalid_argument naming the argument, and the outputs keep their 0xFF bytes.
