@@ -791,7 +791,7 @@ template <dtype D, scale_rule R>
 __global__ void __launch_bounds__(kThreads, min_ctas_per_sm<D, R>()) quantize_fast(const quant_params p) {
   constexpr int kChunksPerBlock = 32 * elem_bytes<D>() / 16;
   constexpr int kTileChunks = 32 * kChunksPerBlock;
-  extern __shared__ uint4 smem[];
+  extern __shared__ __align__(128) uint4 smem[];  // 128-byte aligned: the swizzle assumes it
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   uint4* const stages = smem + warp * kLoadStages * kTileChunks;
 
@@ -934,7 +934,7 @@ template <dtype D>
 __global__ void __launch_bounds__(kThreads) dequantize_fast(const dequant_params p) {
   constexpr int kChunksPerBlock = 32 * elem_bytes<D>() / 16;
   constexpr int kTileChunks = 32 * kChunksPerBlock;
-  __shared__ uint4 smem[kWarpsPerCta * kTileChunks];
+  __shared__ __align__(128) uint4 smem[kWarpsPerCta * kTileChunks];  // 128-byte aligned: the swizzle assumes it
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   uint4* stage = smem + warp * kTileChunks;
   const int tiles = (p.total_blocks + 31) / 32;
