@@ -20,9 +20,8 @@
 // the H200's copy bandwidth (docs/quantize_kernels.md has the napkin math).
 // Statistics: integer counts exact (clamped elements by a packed compare, flushed ones as zero
 // codes minus zero inputs); signal and error sums per block in float in units of the scale, per
-// thread in double, one partial per CTA, reduced in a fixed order by the last CTA to finish (an
-// arrival counter per stream that each launch leaves at zero, see finish_stats), so a quantize is
-// one kernel launch.
+// thread in double, one partial per CTA, reduced in a fixed order by a one-CTA kernel launched as a
+// programmatic dependent of the quantize kernel.
 // Limits: at most 2^31 - 1 blocks per call; at most 4 leading dimensions that cannot be merged.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -30,14 +29,10 @@
 #include <cuda_runtime.h>
 #include <cutlass/fast_math.h>
 
-#include <cuda/atomic>
-
 #include <algorithm>
 #include <climits>
 #include <cstring>
 #include <cstdint>
-#include <optional>
-#include <stdexcept>
 #include <string>
 
 #include "check.h"
@@ -45,7 +40,6 @@
 #include "mxmoe/error.h"
 #include "mxmoe/layout.h"
 #include "mxmoe/mx.h"
-#include "stream_counter.h"
 
 namespace mxmoe::cuda {
 namespace {
@@ -55,8 +49,6 @@ using mx::scale_rule;
 constexpr int kThreads = 256;
 constexpr int kWarpsPerCta = kThreads / 32;
 constexpr int kMaxLeadingDims = 4;
-// Tiles of a warp in flight or being encoded in the fast quantize kernel (cp.async ring buffer).
-constexpr int kLoadStages = 2;
 constexpr uint32_t kFullMask = 0xFFFFFFFFu;
 
 // ---- where things live ------------------------------------------------------------------------
@@ -107,14 +99,6 @@ struct stats_partial {
   double signal, error;
 };
 
-// Where a quantize kernel leaves its statistics (see finish_stats).
-struct stats_sink {
-  stats_partial* partials = nullptr;  // [gridDim.x]
-  unsigned* arrivals = nullptr;       // CTAs done: zero at launch, zero again at exit
-  quant_stats* out = nullptr;         // nullptr: no statistics wanted
-  int64_t blocks = 0;
-};
-
 struct quant_params {
   const uint8_t* x;
   uint8_t* packed;
@@ -125,8 +109,7 @@ struct quant_params {
   scale_index scale;
   int64_t pad_entries;  // tiled padding bytes over all matrices (0 for linear)
   bool dense;           // block g starts at element g * 32 (rows back to back): no row arithmetic
-  mx::scale_rule rule;  // the reference kernel's rule (the fast kernels are one per rule)
-  stats_sink stats;
+  stats_partial* partials;  // one per CTA
 };
 
 struct dequant_params {
@@ -176,37 +159,26 @@ __device__ stats_partial cta_sum(const stats_partial& mine) {
   return t;
 }
 
-// Each CTA writes its partial; the last CTA to finish (counted on `arrivals`) reduces them all:
-// thread t sums partials t, t + kThreads, ... in that order, then cta_sum combines the threads, so
-// the order of every double addition depends only on gridDim.x and identical calls give identical
-// statistics. The last CTA puts the counter back to zero (see stream_counter.h). Called by every
-// thread of the CTA.
-__device__ void finish_stats(const stats_acc& acc, const stats_sink& s) {
-  if (s.out == nullptr) return;
-  __shared__ bool is_last;
-  const stats_partial mine = cta_sum({acc.saturated, acc.clamped, acc.flushed, acc.nonfinite, acc.signal, acc.error});
-  if (threadIdx.x == 0) {
-    s.partials[blockIdx.x] = mine;
-    // Release: this partial is visible to the CTA that sees the increment. Acquire: the last CTA
-    // sees every partial.
-    ::cuda::atomic_ref<unsigned, ::cuda::thread_scope_device> arrivals(*s.arrivals);
-    is_last = arrivals.fetch_add(1u, ::cuda::memory_order_acq_rel) == gridDim.x - 1;
-    if (is_last) arrivals.store(0u, ::cuda::memory_order_relaxed);  // every CTA has counted
-  }
-  __syncthreads();
-  if (!is_last) return;
-  __threadfence();
-  stats_partial sum{0, 0, 0, 0, 0.0, 0.0};
-  for (int i = threadIdx.x; i < static_cast<int>(gridDim.x); i += kThreads) {
-    const stats_partial* q = s.partials + i;  // L2 reads: written by other SMs in this launch
-    add_partial(sum, {__ldcg(&q->saturated), __ldcg(&q->clamped), __ldcg(&q->flushed), __ldcg(&q->nonfinite),
-                      __ldcg(&q->signal), __ldcg(&q->error)});
-  }
-  const stats_partial t = cta_sum(sum);
-  if (threadIdx.x != 0) return;
-  quant_stats* out = s.out;
-  out->elements = s.blocks * mx::kBlockSize;
-  out->blocks = s.blocks;
+// Writes the CTA's statistics as partial blockIdx.x.
+__device__ void store_cta_stats(const stats_acc& acc, stats_partial* partials) {
+  const stats_partial t = cta_sum({acc.saturated, acc.clamped, acc.flushed, acc.nonfinite, acc.signal, acc.error});
+  if (threadIdx.x == 0) partials[blockIdx.x] = t;
+}
+
+// One CTA: thread t sums partials t, t + kThreads, ... in that order, then cta_sum combines the
+// threads: the order of every double addition depends only on `count`, so identical calls give
+// identical statistics. Launched as a programmatic dependent of the quantize kernel (see
+// launch_finalize): it may start while the quantize kernel drains, and waits for it to complete
+// before reading the partials.
+__global__ void __launch_bounds__(kThreads) finalize_stats(const stats_partial* partials, int count, int64_t blocks,
+                                                           quant_stats* out) {
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+  stats_partial mine{0, 0, 0, 0, 0.0, 0.0};
+  for (int i = threadIdx.x; i < count; i += kThreads) add_partial(mine, partials[i]);
+  const stats_partial t = cta_sum(mine);
+  if (threadIdx.x != 0 || out == nullptr) return;
+  out->elements = blocks * mx::kBlockSize;
+  out->blocks = blocks;
   out->saturated_blocks = static_cast<int64_t>(t.saturated);
   out->clamped_elements = static_cast<int64_t>(t.clamped);
   out->flushed_elements = static_cast<int64_t>(t.flushed);
@@ -214,6 +186,10 @@ __device__ void finish_stats(const stats_acc& acc, const stats_sink& s) {
   out->signal_sq = t.signal;
   out->error_sq = t.error;
 }
+
+// Lets the dependent finalize_stats launch (programmatic dependent launch) as soon as SMs free up;
+// it still waits for this grid to complete before reading the partials.
+__device__ __forceinline__ void allow_finalize_launch() { asm volatile("griddepcontrol.launch_dependents;"); }
 
 // Tiled scale storage pads rows to 128 and columns to 4: those bytes get 0, like the CPU writes.
 // Padding entries of one matrix are enumerated as the padded rows (all columns), then the padded
@@ -793,8 +769,10 @@ __global__ void __launch_bounds__(kThreads, min_ctas_per_sm<D, R>()) quantize_fa
   constexpr int kTileChunks = 32 * kChunksPerBlock;
   extern __shared__ __align__(128) uint4 smem[];  // 128-byte aligned: the swizzle assumes it
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  uint4* const stages = smem + warp * kLoadStages * kTileChunks;
+  uint4* stage0 = smem + (2 * warp) * kTileChunks;
+  uint4* stage1 = stage0 + kTileChunks;
 
+  allow_finalize_launch();
   zero_tiled_padding(p);
 
   stats_acc acc;
@@ -804,19 +782,13 @@ __global__ void __launch_bounds__(kThreads, min_ctas_per_sm<D, R>()) quantize_fa
   // This lane's block: its chunk q sits at swizzle(lane * chunks + q) = block_chunk0 ^ q, because
   // lane * chunks has no bits below the chunk count and (lane * chunks + q) / 8 = lane * chunks / 8.
   const int block_chunk0 = lane * kChunksPerBlock + (((lane * kChunksPerBlock) >> 3) & (kChunksPerBlock - 1));
-#pragma unroll
-  for (int s = 0; s < kLoadStages - 1; ++s) {
-    if (tile + s * stride < tiles) issue_tile_loads<D>(p, tile + s * stride, stages + s * kTileChunks);
+  if (tile < tiles) issue_tile_loads<D>(p, tile, stage0);
+  __pipeline_commit();
+  for (int it = 0; tile < tiles; tile += stride, ++it) {
+    uint4* cur = (it & 1) ? stage1 : stage0;
+    if (tile + stride < tiles) issue_tile_loads<D>(p, tile + stride, (it & 1) ? stage0 : stage1);
     __pipeline_commit();
-  }
-  for (int cur_stage = 0; tile < tiles; tile += stride) {
-    uint4* cur = stages + cur_stage * kTileChunks;
-    // The stage read in the previous iteration takes the tile kLoadStages - 1 strides ahead.
-    const int refill = cur_stage == 0 ? kLoadStages - 1 : cur_stage - 1;
-    if (tile + (kLoadStages - 1) * stride < tiles)
-      issue_tile_loads<D>(p, tile + (kLoadStages - 1) * stride, stages + refill * kTileChunks);
-    __pipeline_commit();
-    __pipeline_wait_prior(kLoadStages - 1);
+    __pipeline_wait_prior(1);
     __syncwarp();
 
     const int g = tile * 32 + lane;
@@ -862,15 +834,15 @@ __global__ void __launch_bounds__(kThreads, min_ctas_per_sm<D, R>()) quantize_fa
       p.scales[p.scale.offset(g)] = scale;
     }
     __syncwarp();  // every lane has read `cur` before the next iteration refills it
-    cur_stage = cur_stage + 1 == kLoadStages ? 0 : cur_stage + 1;
   }
-  finish_stats(acc, p.stats);
+  store_cta_stats(acc, p.partials);
 }
 
 // ---- the reference quantize kernel ------------------------------------------------------------
 
 template <dtype D>
-__global__ void __launch_bounds__(kThreads) quantize_reference(const quant_params p) {
+__global__ void __launch_bounds__(kThreads) quantize_reference(const quant_params p, scale_rule rule) {
+  allow_finalize_launch();
   zero_tiled_padding(p);
   stats_acc acc;
   for (int g = blockIdx.x * kThreads + threadIdx.x; g < p.total_blocks; g += gridDim.x * kThreads) {
@@ -884,7 +856,7 @@ __global__ void __launch_bounds__(kThreads) quantize_reference(const quant_param
       else x[i] = f16_to_float(reinterpret_cast<const uint16_t*>(src)[i]);
     }
     uint8_t scale, codes[mx::kPackedBlockBytes];
-    const mx::block_stats st = mx::quantize_block(x, p.rule, &scale, codes);
+    const mx::block_stats st = mx::quantize_block(x, rule, &scale, codes);
     for (int j = 0; j < mx::kPackedBlockBytes; ++j) p.packed[int64_t{g} * mx::kPackedBlockBytes + j] = codes[j];
     p.scales[p.scale.offset(g)] = scale;
     if (st.nonfinite) {
@@ -901,7 +873,7 @@ __global__ void __launch_bounds__(kThreads) quantize_reference(const quant_param
       acc.error += e * e;
     }
   }
-  finish_stats(acc, p.stats);
+  store_cta_stats(acc, p.partials);
 }
 
 // ---- dequantize ---------------------------------------------------------------------------------
@@ -1078,50 +1050,64 @@ int grid_size(Kernel kernel, int smem_bytes, int64_t ctas_needed) {
   return static_cast<int>(std::clamp<int64_t>(ctas_needed, 1, int64_t{std::max(per_sm, 1)} * sms));
 }
 
-// The kernel quantize_async launches, its dynamic shared memory and its grid.
-struct quantize_launch {
-  void (*kernel)(quant_params);
-  int smem_bytes;
-  int grid;
-};
-
 template <dtype D, scale_rule R>
-quantize_launch plan_fast(const quant_params& p) {
-  constexpr int kSmem = kWarpsPerCta * kLoadStages * 32 * (32 * elem_bytes<D>() / 16) * 16;
+void launch_quantize_fast(const quant_params& p, cudaStream_t stream, int* grid_out) {
+  constexpr int kSmem = kWarpsPerCta * 2 * 32 * (32 * elem_bytes<D>() / 16) * 16;
   auto kernel = quantize_fast<D, R>;
   MXMOE_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem));
   const int64_t tiles = layout::ceil_div(p.total_blocks, 32);
-  return {kernel, kSmem,
-          grid_size(kernel, kSmem,
-                    std::max(layout::ceil_div(tiles, kWarpsPerCta), layout::ceil_div(p.pad_entries, kThreads)))};
+  const int grid = grid_size(kernel, kSmem, std::max(layout::ceil_div(tiles, kWarpsPerCta),
+                                                     layout::ceil_div(p.pad_entries, kThreads)));
+  *grid_out = grid;
+  if (p.partials == nullptr) return;  // sizing pass
+  kernel<<<grid, kThreads, kSmem, stream>>>(p);
+  MXMOE_CUDA_CHECK(cudaGetLastError());
 }
 
 template <dtype D>
-quantize_launch plan_reference(const quant_params& p) {
+void launch_quantize_reference(const quant_params& p, scale_rule rule, cudaStream_t stream, int* grid_out) {
   auto kernel = quantize_reference<D>;
-  return {kernel, 0,
-          grid_size(kernel, 0,
-                    std::max(layout::ceil_div(p.total_blocks, kThreads), layout::ceil_div(p.pad_entries, kThreads)))};
+  const int grid = grid_size(kernel, 0, std::max(layout::ceil_div(p.total_blocks, kThreads),
+                                                 layout::ceil_div(p.pad_entries, kThreads)));
+  *grid_out = grid;
+  if (p.partials == nullptr) return;
+  kernel<<<grid, kThreads, 0, stream>>>(p, rule);
+  MXMOE_CUDA_CHECK(cudaGetLastError());
 }
 
 template <dtype D>
-quantize_launch plan_quantize(const quant_params& p, bool fast) {
-  if (!fast) return plan_reference<D>(p);
-  switch (p.rule) {
-    case scale_rule::floor: return plan_fast<D, scale_rule::floor>(p);
-    case scale_rule::even: return plan_fast<D, scale_rule::even>(p);
-    case scale_rule::rceil: return plan_fast<D, scale_rule::rceil>(p);
-    case scale_rule::mse: return plan_fast<D, scale_rule::mse>(p);
+void launch_quantize(const quant_params& p, scale_rule rule, bool fast, cudaStream_t stream, int* grid) {
+  if (!fast) return launch_quantize_reference<D>(p, rule, stream, grid);
+  switch (rule) {
+    case scale_rule::floor: return launch_quantize_fast<D, scale_rule::floor>(p, stream, grid);
+    case scale_rule::even: return launch_quantize_fast<D, scale_rule::even>(p, stream, grid);
+    case scale_rule::rceil: return launch_quantize_fast<D, scale_rule::rceil>(p, stream, grid);
+    case scale_rule::mse: return launch_quantize_fast<D, scale_rule::mse>(p, stream, grid);
   }
-  throw std::logic_error("plan_quantize: unknown scale rule");
 }
 
-quantize_launch plan_quantize(const quant_params& p, dtype t, bool fast) {
+void launch_quantize_any(const quant_params& p, dtype t, scale_rule rule, bool fast, cudaStream_t stream, int* grid) {
   switch (t) {
-    case dtype::bf16: return plan_quantize<dtype::bf16>(p, fast);
-    case dtype::f16: return plan_quantize<dtype::f16>(p, fast);
-    default: return plan_quantize<dtype::f32>(p, fast);
+    case dtype::bf16: return launch_quantize<dtype::bf16>(p, rule, fast, stream, grid);
+    case dtype::f16: return launch_quantize<dtype::f16>(p, rule, fast, stream, grid);
+    default: return launch_quantize<dtype::f32>(p, rule, fast, stream, grid);
   }
+}
+
+// finalize_stats as a programmatic dependent of the quantize kernel just enqueued: its launch overlaps
+// the quantize kernel's last CTAs instead of following its completion (griddepcontrol.wait inside
+// keeps the ordering). Capturable in CUDA graphs.
+void launch_finalize(const stats_partial* partials, int count, int64_t blocks, quant_stats* out, cudaStream_t stream) {
+  cudaLaunchConfig_t config{};
+  config.gridDim = dim3(1);
+  config.blockDim = dim3(kThreads);
+  config.stream = stream;
+  cudaLaunchAttribute attr{};
+  attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr.val.programmaticStreamSerializationAllowed = 1;
+  config.attrs = &attr;
+  config.numAttrs = 1;
+  MXMOE_CUDA_CHECK(cudaLaunchKernelEx(&config, finalize_stats, partials, count, blocks, out));
 }
 
 // Frees a stream-ordered allocation when the enqueueing code is left, also by an exception.
@@ -1134,33 +1120,6 @@ struct stream_allocation {
   }
   stream_allocation(const stream_allocation&) = delete;
   stream_allocation& operator=(const stream_allocation&) = delete;
-};
-
-// Device memory for one call's statistics: a partial per CTA, stream-ordered, freed when the
-// enqueueing code is left (also by an exception), and the arrival counter: the stream's own
-// (stream_counter.h), or under graph capture one allocated and zeroed inside the graph.
-class stats_workspace {
- public:
-  stats_workspace(int grid, int64_t blocks, quant_stats* out, cudaStream_t stream) {
-    sink_.out = out;
-    sink_.blocks = blocks;
-    if (out == nullptr) return;
-    const bool capturing = stream_is_capturing(stream);
-    const size_t partial_bytes = sizeof(stats_partial) * static_cast<size_t>(grid);
-    memory_.emplace(partial_bytes + (capturing ? sizeof(unsigned) : 0), stream);
-    sink_.partials = static_cast<stats_partial*>(memory_->ptr);
-    if (capturing) {
-      sink_.arrivals = reinterpret_cast<unsigned*>(static_cast<uint8_t*>(memory_->ptr) + partial_bytes);
-      MXMOE_CUDA_CHECK(cudaMemsetAsync(sink_.arrivals, 0, sizeof(unsigned), stream));
-    } else {
-      sink_.arrivals = stream_counter(stream);
-    }
-  }
-  const stats_sink& sink() const { return sink_; }
-
- private:
-  std::optional<stream_allocation> memory_;
-  stats_sink sink_;
 };
 
 }  // namespace
@@ -1191,14 +1150,14 @@ void quantize_async(const tensor_view& x, mx::scale_rule rule, scale_layout layo
   p.pad_entries = layout == scale_layout::tiled_128x4
                       ? lead_rows * (p.scale.matrix_bytes - x.dim(-2) * (x.dim(-1) / mx::kBlockSize))
                       : 0;
-  p.rule = rule;
   const bool fast = rows_aligned && aligned16(x.data) && aligned16(packed.data);
 
-  const quantize_launch launch = plan_quantize(p, x.type, fast);
-  const stats_workspace workspace(launch.grid, p.total_blocks, device_stats, stream);
-  p.stats = workspace.sink();
-  launch.kernel<<<launch.grid, kThreads, launch.smem_bytes, stream>>>(p);
-  MXMOE_CUDA_CHECK(cudaGetLastError());
+  int grid = 0;
+  launch_quantize_any(p, x.type, rule, fast, stream, &grid);  // sizing pass: no launch
+  stream_allocation partials(sizeof(stats_partial) * static_cast<size_t>(grid), stream);
+  p.partials = static_cast<stats_partial*>(partials.ptr);
+  launch_quantize_any(p, x.type, rule, fast, stream, &grid);
+  launch_finalize(p.partials, grid, p.total_blocks, device_stats, stream);
 }
 
 quant_stats quantize(const tensor_view& x, mx::scale_rule rule, scale_layout layout, const tensor_view& packed,

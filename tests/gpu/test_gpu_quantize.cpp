@@ -416,11 +416,11 @@ TEST(GpuQuantize, AsyncFormWritesTheSameStatistics) {
 
 #define CUDA_OK(call) ASSERT_EQ((call), cudaSuccess) << #call
 
-// The statistics are reduced by the last CTA of the quantize kernel, counted on a per-stream
-// counter that every launch leaves at zero (src/cuda/stream_counter.h). Several non-blocking
-// streams quantizing at once, each three times in a row, into statistics pre-filled with 0xFF:
-// every result must be the CPU's, and the three of a stream bitwise equal. The tensors are big
-// enough for a full grid (every SM busy), so the streams' kernels really overlap.
+// The statistics take a per-call workspace (stream-ordered allocation) and a second kernel launched
+// as a programmatic dependent of the quantize kernel. Several non-blocking streams quantizing at
+// once, each three times in a row, into statistics pre-filled with 0xFF: every result must be the
+// CPU's, and the three of a stream bitwise equal. The tensors are big enough for a full grid (every
+// SM busy), so the streams' kernels really overlap.
 TEST(GpuQuantize, AsyncStatisticsOnConcurrentStreams) {
   constexpr int kStreams = 4, kRepeats = 3;
   const std::vector<int64_t> shape{1, 1200, 2880};
@@ -468,9 +468,9 @@ TEST(GpuQuantize, AsyncStatisticsOnConcurrentStreams) {
   for (cudaStream_t s : streams) CUDA_OK(cudaStreamDestroy(s));
 }
 
-// quantize_async captured into a CUDA graph (statistics workspace and counter allocated and zeroed
-// inside the graph), the graph launched twice on another stream, with direct calls on the capture
-// stream in between: all give the CPU's bytes and statistics.
+// quantize_async captured into a CUDA graph (the workspace becomes a graph allocation, the dependent
+// launch a programmatic edge), the graph launched twice on another stream, with direct calls on the
+// capture stream next to it: all give the CPU's bytes and statistics.
 TEST(GpuQuantize, AsyncStatisticsInCudaGraph) {
   std::mt19937_64 rng(21);
   host_tensor x = contiguous(dtype::bf16, 2, 700, 2880);
