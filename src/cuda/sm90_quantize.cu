@@ -27,8 +27,6 @@
 #include <cuda_fp16.h>
 #include <cuda_pipeline.h>
 #include <cuda_runtime.h>
-#include <cute/arch/copy_sm75.hpp>
-#include <cute/arch/mma_sm80.hpp>
 #include <cutlass/fast_math.h>
 
 #include <algorithm>
@@ -36,7 +34,6 @@
 #include <cstring>
 #include <cstdint>
 #include <string>
-#include <type_traits>
 
 #include "check.h"
 #include "mxmoe/cuda.h"
@@ -420,12 +417,9 @@ struct block_codes {
 // where amax * 2^k <= 6 by construction). Signal and error sums are accumulated in units of the
 // scale: y and d are at most 16, so the squares can neither overflow nor lose the small elements
 // that matter (an element far below the block's amax adds far below float's precision anyway).
-// kErrorsToSmem: each word of errors d (bf16x2 / f16x2, exact) is stored as chunk chunk0 ^ j of
-// `stage` (the thread's own block's chunks, see swizzle) for block_sums_of_squares, and signal and
-// error are left alone; otherwise both are summed here in float.
-template <dtype D, bool kClamp, bool kCountClamped, bool kErrorsToSmem>
+template <dtype D, bool kClamp, bool kCountClamped>
 __device__ __forceinline__ block_codes encode_block_packed(const uint32_t* w, uint8_t scale, float& signal,
-                                                           float& error, uint4* stage, int chunk0) {
+                                                           float& error) {
   using F = packed_format<D>;
   using V = typename F::vec;
   const int k = 127 - scale;  // scale <= 253 here: 2^k is a normal bf16
@@ -449,7 +443,7 @@ __device__ __forceinline__ block_codes encode_block_packed(const uint32_t* w, ui
   int nonzero = 0;
 #pragma unroll
   for (int j = 0; j < 4; ++j) {
-    uint32_t g[4], d[4];
+    uint32_t g[4];
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
       const uint32_t x = w[4 * j + i];
@@ -460,24 +454,19 @@ __device__ __forceinline__ block_codes encode_block_packed(const uint32_t* w, ui
       const V e = as_vec<V>(__vmaxu2(yc, F::kOne) & F::kExponent);
       const V s = __hfma2(e, magic, as_vec<V>(yc));
       const uint32_t q = vec_bits(__hfma2(s, code_scale, __hmul2(e, neg_magic_code)));
-      d[i] = vec_bits(__hfma2(as_vec<V>(q), neg_code_unscale, yv));
+      const uint32_t d = vec_bits(__hfma2(as_vec<V>(q), neg_code_unscale, yv));
       g[i] = gather_byte<F::kCodeShift>(q, x);
-      if constexpr (!kErrorsToSmem) {
-        sig[0] = fmaf(F::lo(y), F::lo(y), sig[0]);
-        sig[1] = fmaf(F::hi(y), F::hi(y), sig[1]);
-        err[0] = fmaf(F::lo(d[i]), F::lo(d[i]), err[0]);
-        err[1] = fmaf(F::hi(d[i]), F::hi(d[i]), err[1]);
-      }
+      sig[0] = fmaf(F::lo(y), F::lo(y), sig[0]);
+      sig[1] = fmaf(F::hi(y), F::hi(y), sig[1]);
+      err[0] = fmaf(F::lo(d), F::lo(d), err[0]);
+      err[1] = fmaf(F::hi(d), F::hi(d), err[1]);
       if constexpr (kCountClamped) clamped_acc -= __hgt2_mask(yv, six);  // exact compare, y > 6
     }
-    if constexpr (kErrorsToSmem) stage[chunk0 ^ j] = make_uint4(d[0], d[1], d[2], d[3]);
     out[j] = pack_bytes3(g);
     nonzero += nonzero_codes(out[j]);
   }
-  if constexpr (!kErrorsToSmem) {
-    signal = sig[0] + sig[1];
-    error = err[0] + err[1];
-  }
+  signal = sig[0] + sig[1];
+  error = err[0] + err[1];
   return {make_uint4(out[0], out[1], out[2], out[3]), nonzero,
           kCountClamped ? clamped_count(clamped_acc) : 0};
 }
@@ -520,14 +509,12 @@ __device__ __forceinline__ block_codes encode_block_f32(const uint32_t* w, uint8
   return {make_uint4(out[0], out[1], out[2], out[3]), nonzero, clamped};
 }
 
-// kErrorsToSmem: see encode_block_packed (16-bit input only).
-template <dtype D, scale_rule R, bool kErrorsToSmem>
-__device__ __forceinline__ block_codes encode_block(const uint32_t* w, uint8_t scale, float& signal, float& error,
-                                                    uint4* stage, int chunk0) {
+template <dtype D, scale_rule R>
+__device__ __forceinline__ block_codes encode_block(const uint32_t* w, uint8_t scale, float& signal, float& error) {
   constexpr bool kClamp = R == scale_rule::floor || R == scale_rule::mse;
   constexpr bool kCountClamped = R != scale_rule::rceil;
   if constexpr (D == dtype::f32) return encode_block_f32<kClamp, kCountClamped>(w, scale, signal, error);
-  else return encode_block_packed<D, kClamp, kCountClamped, kErrorsToSmem>(w, scale, signal, error, stage, chunk0);
+  else return encode_block_packed<D, kClamp, kCountClamped>(w, scale, signal, error);
 }
 
 // 16-byte chunk c of a warp tile sits at c ^ ((c >> 3) & (chunks per block - 1)) in shared memory:
@@ -535,70 +522,6 @@ __device__ __forceinline__ block_codes encode_block(const uint32_t* w, uint8_t s
 template <int kChunksPerBlock>
 __device__ __forceinline__ int swizzle(int c) {
   return c ^ ((c >> 3) & (kChunksPerBlock - 1));
-}
-
-// ---- per-block sums of squares on the tensor cores ----------------------------------------------
-//
-// For a warp tile of 32 blocks of 32 16-bit values in shared memory (chunk q of block b at
-// swizzle(4 b + q)), lane b gets sum_i v_{b,i}^2: the diagonal of V V^T, V the tile as a 32 x 32
-// matrix with one block per row. Per half h of the rows, two ldmatrix.x4 load V[16h .. 16h+15][0 .. 31]
-// as mma A fragments (16 x 16 each), and the B fragments of the 8-column tiles that hold the
-// diagonal are registers of those same fragments (B[k][n] = V[16h + 8 nt + n][k] is row 8 nt + n of
-// A): four m16n8k16 products per half, fp32 accumulation. The tensor cores multiply exactly (a
-// product of two 16-bit values fits in a float) and add in fp32 (with truncation: a relative error
-// of a few 2^-23 per block, far inside the statistics' tolerance, see docs/quantize_kernels.md).
-// Entry (16h + 8 nt + j, same) sits in lane 4 j + j / 2 (register c0 / c1 for nt = 0, c2 / c3 for
-// nt = 1, by the parity of j) and is shuffled to lane 16h + 8 nt + j. Warp-collective: every lane
-// calls it, and lanes whose rows hold garbage only get garbage in their own sum.
-// ~30 warp instructions for the tile, against 64 per lane (bf16 -> f32 unpacks and FMAs) in floats.
-template <dtype D>
-__device__ __forceinline__ float block_sums_of_squares(const uint4* tile) {
-  using mma = std::conditional_t<D == dtype::bf16, cute::SM80_16x8x16_F32BF16BF16F32_TN,
-                                 cute::SM80_16x8x16_F32F16F16F32_TN>;
-  const int lane = threadIdx.x & 31, j = lane >> 2;
-  float diag[4];
-#pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    // ldmatrix: lane l addresses row l % 8 of matrix l / 8; matrices 0..3 are the fragment's
-    // (rows 0-7, k 0-7), (rows 8-15, k 0-7), (rows 0-7, k 8-15), (rows 8-15, k 8-15).
-    const int b = 16 * h + (lane & 7) + 8 * ((lane >> 3) & 1);
-    uint32_t a[2][4];
-#pragma unroll
-    for (int ks = 0; ks < 2; ++ks)
-      cute::SM75_U32x4_LDSM_N::copy(
-          *reinterpret_cast<const cute::uint128_t*>(tile + swizzle<4>(4 * b + 2 * ks + (lane >> 4))), a[ks][0],
-          a[ks][1], a[ks][2], a[ks][3]);
-    float c0[4] = {0.0f, 0.0f, 0.0f, 0.0f}, c1[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-#pragma unroll
-    for (int ks = 0; ks < 2; ++ks) {
-      mma::fma(c0[0], c0[1], c0[2], c0[3], a[ks][0], a[ks][1], a[ks][2], a[ks][3], a[ks][0], a[ks][2], c0[0], c0[1],
-               c0[2], c0[3]);
-      mma::fma(c1[0], c1[1], c1[2], c1[3], a[ks][0], a[ks][1], a[ks][2], a[ks][3], a[ks][1], a[ks][3], c1[0], c1[1],
-               c1[2], c1[3]);
-    }
-    diag[2 * h] = (j & 1) ? c0[1] : c0[0];
-    diag[2 * h + 1] = (j & 1) ? c1[3] : c1[2];
-  }
-  const int src = 4 * (lane & 7) + ((lane & 7) >> 1);
-  float mine = 0.0f;
-#pragma unroll
-  for (int k = 0; k < 4; ++k) {
-    const float v = __shfl_sync(kFullMask, diag[k], src);
-    if ((lane >> 3) == k) mine = v;
-  }
-  return mine;
-}
-
-// Sum of x^2 over a bf16 block in double, for blocks whose squares leave float's range.
-__device__ double block_sum_of_squares_f64(const uint32_t* w) {
-  double s = 0.0;
-#pragma unroll
-  for (int i = 0; i < 16; ++i) {
-    const double lo = bf16_to_float(static_cast<uint16_t>(w[i] & 0xFFFFu)), hi = bf16_to_float(static_cast<uint16_t>(w[i] >> 16));
-    s = fma(lo, lo, s);
-    s = fma(hi, hi, s);
-  }
-  return s;
 }
 
 // ---- mse for bf16 input: search and encode in one pass ------------------------------------------
@@ -842,9 +765,6 @@ constexpr int min_ctas_per_sm() {
 
 template <dtype D, scale_rule R>
 __global__ void __launch_bounds__(kThreads, min_ctas_per_sm<D, R>()) quantize_fast(const quant_params p) {
-  // Signal and error sums on the tensor cores for 16-bit input (block_sums_of_squares); the fused
-  // bf16 mse search keeps its exact float sums (it compares them).
-  constexpr bool kTensorSums = D != dtype::f32 && !(D == dtype::bf16 && R == scale_rule::mse);
   constexpr int kChunksPerBlock = 32 * elem_bytes<D>() / 16;
   constexpr int kTileChunks = 32 * kChunksPerBlock;
   extern __shared__ __align__(128) uint4 smem[];  // 128-byte aligned: the swizzle assumes it
@@ -872,15 +792,7 @@ __global__ void __launch_bounds__(kThreads, min_ctas_per_sm<D, R>()) quantize_fa
     __syncwarp();
 
     const int g = tile * 32 + lane;
-    const bool has_block = g < p.total_blocks;
-    float x_sq = 0.0f;  // sum of x^2 over this lane's block (tensor cores; before the errors overwrite `cur`)
-    if constexpr (kTensorSums) x_sq = block_sums_of_squares<D>(cur);
-    uint8_t scale = 0;
-    block_codes c{};
-    float signal = 0.0f, error = 0.0f;  // in units of the scale (sums in registers)
-    int zeros = 0;
-    double x_sq_f64 = -1.0;  // >= 0: the block's sum of x^2 where x_sq cannot hold it
-    if (has_block) {
+    if (g < p.total_blocks) {
       uint32_t w[kChunksPerBlock * 4];
 #pragma unroll
       for (int q = 0; q < kChunksPerBlock; ++q) {
@@ -892,26 +804,18 @@ __global__ void __launch_bounds__(kThreads, min_ctas_per_sm<D, R>()) quantize_fa
       }
       uint32_t min_abs;
       const uint32_t amax = amax_bits<D>(w, min_abs);
-      zeros = min_abs == 0 ? count_zeros<D>(w) : 0;
-      // bf16 squares stay in float's normal range (a sum of 32 below 2^127, small elements' losses
-      // below 2^-40 of the block's sum) for amax in [2^-40, 2^60); f16 ones always.
-      if (D == dtype::bf16 && kTensorSums && (amax < 0x2B800000u || amax >= 0x5D800000u))
-        x_sq_f64 = block_sum_of_squares_f64(w);
+      const bool has_zero = min_abs == 0;
+      uint8_t scale;
+      block_codes c{};
+      float signal = 0.0f, error = 0.0f;  // in units of the scale
       bool encoded = false;
       if constexpr (R == scale_rule::mse && D == dtype::bf16)
         encoded = mse_encode_bf16(w, amax, min_abs, scale, c, signal, error);
       if (!encoded) {
         if constexpr (R == scale_rule::mse) scale = mse_scale<D>(w, amax);
         else scale = mx::scale_from_amax(mx::bits_float(amax), R);
-        if (scale != mx::kE8M0Nan) c = encode_block<D, R, kTensorSums>(w, scale, signal, error, cur, block_chunk0);
+        if (scale != mx::kE8M0Nan) c = encode_block<D, R>(w, scale, signal, error);
       }
-    }
-    float d_sq = 0.0f;  // sum of the errors' squares, in units of the scale (tensor cores)
-    if constexpr (kTensorSums) {
-      __syncwarp();  // every lane's errors are in `cur`
-      d_sq = block_sums_of_squares<D>(cur);
-    }
-    if (has_block) {
       uint4 out = make_uint4(0, 0, 0, 0);
       if (scale == mx::kE8M0Nan) {
         acc.nonfinite += 1;
@@ -919,17 +823,12 @@ __global__ void __launch_bounds__(kThreads, min_ctas_per_sm<D, R>()) quantize_fa
         out = c.packed;
         acc.clamped += c.clamped;
         acc.saturated += c.clamped != 0 ? 1u : 0u;
-        acc.flushed += mx::kBlockSize - c.nonzero - zeros;
+        acc.flushed += mx::kBlockSize - c.nonzero - (has_zero ? count_zeros<D>(w) : 0);
         // unit^2 = 2^(2 (scale - 127)), a normal double for every byte <= 254, built from its exponent
         // bits. Multiplying by it is exact, so the fma rounds once, like the product-then-add it replaces.
         const double unit_sq = __hiloint2double((2 * static_cast<int>(scale) + 769) << 20, 0);
-        if constexpr (kTensorSums) {
-          acc.signal += x_sq_f64 >= 0.0 ? x_sq_f64 : static_cast<double>(x_sq);
-          acc.error = fma(static_cast<double>(d_sq), unit_sq, acc.error);
-        } else {
-          acc.signal = fma(static_cast<double>(signal), unit_sq, acc.signal);
-          acc.error = fma(static_cast<double>(error), unit_sq, acc.error);
-        }
+        acc.signal = fma(static_cast<double>(signal), unit_sq, acc.signal);
+        acc.error = fma(static_cast<double>(error), unit_sq, acc.error);
       }
       __stcs(reinterpret_cast<uint4*>(p.packed) + g, out);
       p.scales[p.scale.offset(g)] = scale;
