@@ -34,6 +34,7 @@
 #include <cstring>
 #include <cstdint>
 #include <string>
+#include <utility>
 
 #include "check.h"
 #include "mxmoe/cuda.h"
@@ -165,6 +166,15 @@ __device__ void store_cta_stats(const stats_acc& acc, stats_partial* partials) {
   if (threadIdx.x == 0) partials[blockIdx.x] = t;
 }
 
+// Programmatic dependent launch: the next kernel in the stream may be scheduled from here on (it
+// still waits for this grid to complete before touching memory, see wait_for_previous_grid).
+__device__ __forceinline__ void allow_dependent_launch() { asm volatile("griddepcontrol.launch_dependents;"); }
+
+// The quantize kernels are launched as programmatic dependents of whatever precedes them in the
+// stream, so that their CTAs are resident when it ends: before any memory access they wait for that
+// grid to complete and its writes to be visible (immediately when it was not a programmatic launch).
+__device__ __forceinline__ void wait_for_previous_grid() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
+
 // One CTA: thread t sums partials t, t + kThreads, ... in that order, then cta_sum combines the
 // threads: the order of every double addition depends only on `count`, so identical calls give
 // identical statistics. Launched as a programmatic dependent of the quantize kernel (see
@@ -172,7 +182,8 @@ __device__ void store_cta_stats(const stats_acc& acc, stats_partial* partials) {
 // before reading the partials.
 __global__ void __launch_bounds__(kThreads) finalize_stats(const stats_partial* partials, int count, int64_t blocks,
                                                            quant_stats* out) {
-  asm volatile("griddepcontrol.wait;" ::: "memory");
+  wait_for_previous_grid();
+  allow_dependent_launch();
   stats_partial mine{0, 0, 0, 0, 0.0, 0.0};
   for (int i = threadIdx.x; i < count; i += kThreads) add_partial(mine, partials[i]);
   const stats_partial t = cta_sum(mine);
@@ -187,9 +198,7 @@ __global__ void __launch_bounds__(kThreads) finalize_stats(const stats_partial* 
   out->error_sq = t.error;
 }
 
-// Lets the dependent finalize_stats launch (programmatic dependent launch) as soon as SMs free up;
-// it still waits for this grid to complete before reading the partials.
-__device__ __forceinline__ void allow_finalize_launch() { asm volatile("griddepcontrol.launch_dependents;"); }
+
 
 // Tiled scale storage pads rows to 128 and columns to 4: those bytes get 0, like the CPU writes.
 // Padding entries of one matrix are enumerated as the padded rows (all columns), then the padded
@@ -772,7 +781,8 @@ __global__ void __launch_bounds__(kThreads, min_ctas_per_sm<D, R>()) quantize_fa
   uint4* stage0 = smem + (2 * warp) * kTileChunks;
   uint4* stage1 = stage0 + kTileChunks;
 
-  allow_finalize_launch();
+  wait_for_previous_grid();
+  allow_dependent_launch();
   zero_tiled_padding(p);
 
   stats_acc acc;
@@ -842,7 +852,8 @@ __global__ void __launch_bounds__(kThreads, min_ctas_per_sm<D, R>()) quantize_fa
 
 template <dtype D>
 __global__ void __launch_bounds__(kThreads) quantize_reference(const quant_params p, scale_rule rule) {
-  allow_finalize_launch();
+  wait_for_previous_grid();
+  allow_dependent_launch();
   zero_tiled_padding(p);
   stats_acc acc;
   for (int g = blockIdx.x * kThreads + threadIdx.x; g < p.total_blocks; g += gridDim.x * kThreads) {
@@ -1050,6 +1061,24 @@ int grid_size(Kernel kernel, int smem_bytes, int64_t ctas_needed) {
   return static_cast<int>(std::clamp<int64_t>(ctas_needed, 1, int64_t{std::max(per_sm, 1)} * sms));
 }
 
+// Launches `kernel` as a programmatic dependent of the work before it in `stream`: its CTAs may be
+// scheduled while that work drains (each kernel here calls wait_for_previous_grid before touching
+// memory). Capturable in CUDA graphs (a programmatic edge).
+template <class... Params, class... Args>
+void launch_dependent(void (*kernel)(Params...), int grid, int smem_bytes, cudaStream_t stream, Args&&... args) {
+  cudaLaunchConfig_t config{};
+  config.gridDim = dim3(static_cast<unsigned>(grid));
+  config.blockDim = dim3(kThreads);
+  config.dynamicSmemBytes = static_cast<size_t>(smem_bytes);
+  config.stream = stream;
+  cudaLaunchAttribute attr{};
+  attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr.val.programmaticStreamSerializationAllowed = 1;
+  config.attrs = &attr;
+  config.numAttrs = 1;
+  MXMOE_CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...));
+}
+
 template <dtype D, scale_rule R>
 void launch_quantize_fast(const quant_params& p, cudaStream_t stream, int* grid_out) {
   constexpr int kSmem = kWarpsPerCta * 2 * 32 * (32 * elem_bytes<D>() / 16) * 16;
@@ -1060,8 +1089,7 @@ void launch_quantize_fast(const quant_params& p, cudaStream_t stream, int* grid_
                                                      layout::ceil_div(p.pad_entries, kThreads)));
   *grid_out = grid;
   if (p.partials == nullptr) return;  // sizing pass
-  kernel<<<grid, kThreads, kSmem, stream>>>(p);
-  MXMOE_CUDA_CHECK(cudaGetLastError());
+  launch_dependent(kernel, grid, kSmem, stream, p);
 }
 
 template <dtype D>
@@ -1071,8 +1099,7 @@ void launch_quantize_reference(const quant_params& p, scale_rule rule, cudaStrea
                                                  layout::ceil_div(p.pad_entries, kThreads)));
   *grid_out = grid;
   if (p.partials == nullptr) return;
-  kernel<<<grid, kThreads, 0, stream>>>(p, rule);
-  MXMOE_CUDA_CHECK(cudaGetLastError());
+  launch_dependent(kernel, grid, 0, stream, p, rule);
 }
 
 template <dtype D>
@@ -1094,20 +1121,10 @@ void launch_quantize_any(const quant_params& p, dtype t, scale_rule rule, bool f
   }
 }
 
-// finalize_stats as a programmatic dependent of the quantize kernel just enqueued: its launch overlaps
-// the quantize kernel's last CTAs instead of following its completion (griddepcontrol.wait inside
-// keeps the ordering). Capturable in CUDA graphs.
+// finalize_stats after the quantize kernel just enqueued: its launch overlaps that kernel's last
+// CTAs instead of following its completion.
 void launch_finalize(const stats_partial* partials, int count, int64_t blocks, quant_stats* out, cudaStream_t stream) {
-  cudaLaunchConfig_t config{};
-  config.gridDim = dim3(1);
-  config.blockDim = dim3(kThreads);
-  config.stream = stream;
-  cudaLaunchAttribute attr{};
-  attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr.val.programmaticStreamSerializationAllowed = 1;
-  config.attrs = &attr;
-  config.numAttrs = 1;
-  MXMOE_CUDA_CHECK(cudaLaunchKernelEx(&config, finalize_stats, partials, count, blocks, out));
+  launch_dependent(finalize_stats, 1, 0, stream, partials, count, blocks, out);
 }
 
 // Frees a stream-ordered allocation when the enqueueing code is left, also by an exception.
