@@ -41,7 +41,6 @@
 #include "mxmoe/error.h"
 #include "mxmoe/layout.h"
 #include "mxmoe/mx.h"
-#include "stream_counter.h"
 
 namespace mxmoe::cuda {
 namespace {
@@ -51,9 +50,6 @@ using mx::scale_rule;
 constexpr int kThreads = 256;
 constexpr int kWarpsPerCta = kThreads / 32;
 constexpr int kMaxLeadingDims = 4;
-// Quarters of the fast quantize kernel's full rounds of tiles handed out statically (the rest from a
-// counter, see quantize_fast).
-constexpr int kStaticShare4 = 3;
 constexpr uint32_t kFullMask = 0xFFFFFFFFu;
 
 // ---- where things live ------------------------------------------------------------------------
@@ -115,7 +111,6 @@ struct quant_params {
   int64_t pad_entries;  // tiled padding bytes over all matrices (0 for linear)
   bool dense;           // block g starts at element g * 32 (rows back to back): no row arithmetic
   stats_partial* partials;  // one per CTA
-  unsigned* tile_counter;   // tiles handed out past the static part (see quantize_fast); 0 at launch
 };
 
 struct dequant_params {
@@ -186,10 +181,9 @@ __device__ __forceinline__ void wait_for_previous_grid() { asm volatile("griddep
 // launch_finalize): it may start while the quantize kernel drains, and waits for it to complete
 // before reading the partials.
 __global__ void __launch_bounds__(kThreads) finalize_stats(const stats_partial* partials, int count, int64_t blocks,
-                                                           quant_stats* out, unsigned* tile_counter) {
+                                                           quant_stats* out) {
   wait_for_previous_grid();
   allow_dependent_launch();
-  if (threadIdx.x == 0) *tile_counter = 0;  // the quantize kernel has finished with it: ready for the next call
   stats_partial mine{0, 0, 0, 0, 0.0, 0.0};
   for (int i = threadIdx.x; i < count; i += kThreads) add_partial(mine, partials[i]);
   const stats_partial t = cta_sum(mine);
@@ -792,37 +786,21 @@ __global__ void __launch_bounds__(kThreads, min_ctas_per_sm<D, R>()) quantize_fa
   zero_tiled_padding(p);
 
   stats_acc acc;
-  // Tiles [0, static_end) go round-robin, warp w taking w, w + stride, ... (at least its first
-  // tile, so no warp starts on an atomic); the rest one at a time from p.tile_counter, so that warps
-  // on SMs that get more memory bandwidth take more of them and all finish together (with a purely
-  // static split, CTAs ended between 55% and 100% of the kernel's time). Each warp asks for its
-  // tile after next while it encodes the current one: the atomic's latency hides behind the work.
   const int tiles = (p.total_blocks + 31) / 32;
   const int stride = gridDim.x * kWarpsPerCta;
-  const int static_end = std::min(tiles, std::max(tiles / stride * kStaticShare4 / 4, 1) * stride);
   int tile = blockIdx.x * kWarpsPerCta + warp;
-  int next_tile = tiles;
-  if (tile + stride < static_end) {
-    next_tile = tile + stride;
-  } else if (tile < tiles) {
-    unsigned grabbed = 0;
-    if (lane == 0) grabbed = atomicAdd(p.tile_counter, 1u);
-    next_tile = static_end + static_cast<int>(__shfl_sync(kFullMask, grabbed, 0));
-  }
   // This lane's block: its chunk q sits at swizzle(lane * chunks + q) = block_chunk0 ^ q, because
   // lane * chunks has no bits below the chunk count and (lane * chunks + q) / 8 = lane * chunks / 8.
   const int block_chunk0 = lane * kChunksPerBlock + (((lane * kChunksPerBlock) >> 3) & (kChunksPerBlock - 1));
   if (tile < tiles) issue_tile_loads<D>(p, tile, stage0);
   __pipeline_commit();
-  for (int it = 0; tile < tiles; ++it) {
+  for (int it = 0; tile < tiles; tile += stride, ++it) {
     uint4* cur = (it & 1) ? stage1 : stage0;
-    if (next_tile < tiles) issue_tile_loads<D>(p, next_tile, (it & 1) ? stage0 : stage1);
+    if (tile + stride < tiles) issue_tile_loads<D>(p, tile + stride, (it & 1) ? stage0 : stage1);
     __pipeline_commit();
-    const bool from_counter = next_tile < tiles && next_tile + stride >= static_end;  // warp-uniform
-    unsigned grabbed = 0;
-    if (from_counter && lane == 0) grabbed = atomicAdd(p.tile_counter, 1u);
     __pipeline_wait_prior(1);
     __syncwarp();
+
     const int g = tile * 32 + lane;
     if (g < p.total_blocks) {
       uint32_t w[kChunksPerBlock * 4];
@@ -866,11 +844,6 @@ __global__ void __launch_bounds__(kThreads, min_ctas_per_sm<D, R>()) quantize_fa
       p.scales[p.scale.offset(g)] = scale;
     }
     __syncwarp();  // every lane has read `cur` before the next iteration refills it
-    const int after = next_tile >= tiles ? tiles
-                      : from_counter     ? static_end + static_cast<int>(__shfl_sync(kFullMask, grabbed, 0))
-                                         : next_tile + stride;
-    tile = next_tile;
-    next_tile = std::min(after, tiles);
   }
   store_cta_stats(acc, p.partials);
 }
@@ -1150,9 +1123,8 @@ void launch_quantize_any(const quant_params& p, dtype t, scale_rule rule, bool f
 
 // finalize_stats after the quantize kernel just enqueued: its launch overlaps that kernel's last
 // CTAs instead of following its completion.
-void launch_finalize(const stats_partial* partials, int count, int64_t blocks, quant_stats* out,
-                     unsigned* tile_counter, cudaStream_t stream) {
-  launch_dependent(finalize_stats, 1, 0, stream, partials, count, blocks, out, tile_counter);
+void launch_finalize(const stats_partial* partials, int count, int64_t blocks, quant_stats* out, cudaStream_t stream) {
+  launch_dependent(finalize_stats, 1, 0, stream, partials, count, blocks, out);
 }
 
 // Frees a stream-ordered allocation when the enqueueing code is left, also by an exception.
@@ -1199,21 +1171,10 @@ void quantize_async(const tensor_view& x, mx::scale_rule rule, scale_layout layo
 
   int grid = 0;
   launch_quantize_any(p, x.type, rule, fast, stream, &grid);  // sizing pass: no launch
-  // The tile counter must be zero at launch; finalize_stats puts it back to zero after the kernel.
-  // Outside graph capture it is the stream's own (zeroed once); a captured graph may run on any
-  // stream, so there it is part of this call's workspace, zeroed by a memset node.
-  const bool capturing = stream_is_capturing(stream);
-  const size_t partial_bytes = sizeof(stats_partial) * static_cast<size_t>(grid);
-  stream_allocation workspace(partial_bytes + (capturing ? sizeof(unsigned) : 0), stream);
-  p.partials = static_cast<stats_partial*>(workspace.ptr);
-  if (capturing) {
-    p.tile_counter = reinterpret_cast<unsigned*>(static_cast<uint8_t*>(workspace.ptr) + partial_bytes);
-    MXMOE_CUDA_CHECK(cudaMemsetAsync(p.tile_counter, 0, sizeof(unsigned), stream));
-  } else {
-    p.tile_counter = stream_counter(stream);
-  }
+  stream_allocation partials(sizeof(stats_partial) * static_cast<size_t>(grid), stream);
+  p.partials = static_cast<stats_partial*>(partials.ptr);
   launch_quantize_any(p, x.type, rule, fast, stream, &grid);
-  launch_finalize(p.partials, grid, p.total_blocks, device_stats, p.tile_counter, stream);
+  launch_finalize(p.partials, grid, p.total_blocks, device_stats, stream);
 }
 
 quant_stats quantize(const tensor_view& x, mx::scale_rule rule, scale_layout layout, const tensor_view& packed,
