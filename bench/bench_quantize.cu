@@ -1,5 +1,6 @@
 // bench_quantize — throughput of cuda::quantize_async (each scale rule, bf16 input, linear scales,
-// and rceil once with tiled scales) and cuda::dequantize (to bf16) for inputs of 64 MiB .. 2 GiB,
+// with statistics and without (a null statistics pointer: the cheaper kernels), and rceil once with
+// tiled scales) and cuda::dequantize (to bf16) for inputs of 64 MiB .. 2 GiB,
 // as GB/s of bytes read plus written and as a fraction of the device copy bandwidth measured in
 // the same run (cudaMemcpyAsync device to device, bytes read plus written).
 //
@@ -120,7 +121,7 @@ double time_us_back_to_back(const std::function<void()>& run, int iters) {
 }
 
 struct row {
-  std::string op, rule, layout;
+  std::string op, rule, layout, stats;  // stats: "yes", "no" (quantize) or "-"
   double mib, us, gbps, frac_copy, us_back_to_back;
 };
 
@@ -198,53 +199,58 @@ int main(int argc, char** argv) {
               static_cast<long long>(max_bytes / kMiB), copy_us, copy_gbps, copy_us_b2b);
 
   std::vector<row> rows;
-  std::printf("%-10s %-6s %-12s %8s %10s %9s %7s %10s\n", "op", "rule", "scales", "MiB in", "us", "GB/s", "of copy",
-              "b2b us");
+  std::printf("%-10s %-6s %-12s %-5s %8s %10s %9s %7s %10s\n", "op", "rule", "scales", "stats", "MiB in", "us",
+              "GB/s", "of copy", "b2b us");
   for (int64_t mib : sizes_mib) {
     const int64_t n = mib * kMiB / 2, r = n / kK;  // kK divides every size of at least 1 MiB
     fill_random_bf16<<<1024, 256>>>(static_cast<__nv_bfloat16*>(x.data()), n, static_cast<uint64_t>(mib));
     BENCH_CHECK(cudaGetLastError());
     const mxmoe::tensor_view xv = x.view(dtype::bf16, {r, kK}), pv = packed.view(dtype::u8, {r, kK / 2});
     // Times `run` both ways and prints a row.
-    auto record = [&](const std::string& op, const std::string& rule, scale_layout l, double bytes,
-                      const std::function<void()>& run) {
+    auto record = [&](const std::string& op, const std::string& rule, scale_layout l, const std::string& with_stats,
+                      double bytes, const std::function<void()>& run) {
       const double us = time_us(run, iters), us_b2b = time_us_back_to_back(run, iters);
       const double gbps = bytes / us / 1000.0;
-      rows.push_back({op, rule, mxmoe::to_string(l), static_cast<double>(mib), us, gbps, gbps / copy_gbps, us_b2b});
-      std::printf("%-10s %-6s %-12s %8lld %10.1f %9.0f %6.1f%% %10.1f\n", op.c_str(), rule.c_str(),
-                  mxmoe::to_string(l), static_cast<long long>(mib), us, gbps, 100.0 * gbps / copy_gbps, us_b2b);
+      rows.push_back({op, rule, mxmoe::to_string(l), with_stats, static_cast<double>(mib), us, gbps,
+                      gbps / copy_gbps, us_b2b});
+      std::printf("%-10s %-6s %-12s %-5s %8lld %10.1f %9.0f %6.1f%% %10.1f\n", op.c_str(), rule.c_str(),
+                  mxmoe::to_string(l), with_stats.c_str(), static_cast<long long>(mib), us, gbps,
+                  100.0 * gbps / copy_gbps, us_b2b);
     };
     const double quant_bytes = static_cast<double>(n) * (2.0 + 0.5 + 1.0 / 32.0);
-    auto bench_quantize = [&](scale_rule rule, scale_layout l) {
+    auto bench_quantize = [&](scale_rule rule, scale_layout l, bool with_stats) {
       const int64_t scale_elems = l == scale_layout::linear ? r * (kK / 32)
                                                             : mxmoe::layout::scale_tiled_128x4{r, kK / 32}.size();
       const mxmoe::tensor_view sv = l == scale_layout::linear ? scales.view(dtype::u8, {r, kK / 32})
                                                               : scales.view(dtype::u8, {scale_elems});
-      record("quantize", mxmoe::mx::to_string(rule), l, quant_bytes, [&] {
-        mxmoe::cuda::quantize_async(xv, rule, l, pv, sv, static_cast<mxmoe::quant_stats*>(stats.data()));
-      });
+      auto* st = with_stats ? static_cast<mxmoe::quant_stats*>(stats.data()) : nullptr;
+      record("quantize", mxmoe::mx::to_string(rule), l, with_stats ? "yes" : "no", quant_bytes,
+             [&] { mxmoe::cuda::quantize_async(xv, rule, l, pv, sv, st); });
     };
-    for (scale_rule rule : mxmoe::mx::kAllScaleRules) bench_quantize(rule, scale_layout::linear);
-    bench_quantize(scale_rule::rceil, scale_layout::tiled_128x4);
-    record("dequantize", "-", scale_layout::linear, quant_bytes, [&] {
+    for (bool with_stats : {true, false})
+      for (scale_rule rule : mxmoe::mx::kAllScaleRules) bench_quantize(rule, scale_layout::linear, with_stats);
+    bench_quantize(scale_rule::rceil, scale_layout::tiled_128x4, true);
+    record("dequantize", "-", scale_layout::linear, "-", quant_bytes, [&] {
       mxmoe::cuda::dequantize(pv, scales.view(dtype::u8, {r, kK / 32}), scale_layout::linear,
                               copy_dst.view(dtype::bf16, {r, kK}));
     });
   }
 
   // The targets of issue 3: floor/even/rceil >= 85% of copy from 256 MiB up; mse <= 1.5x rceil.
-  std::printf("\nsummary (>= 256 MiB): ");
-  double worst_frac = 1e9, worst_mse_ratio = 0.0;
-  for (const row& a : rows) {
-    if (a.mib < 256 || a.op != "quantize") continue;
-    if (a.rule != "mse" && a.layout == "linear") worst_frac = std::min(worst_frac, a.frac_copy);
-    if (a.rule == "mse")
-      for (const row& b : rows)
-        if (b.mib == a.mib && b.rule == "rceil" && b.layout == "linear" && b.op == "quantize")
-          worst_mse_ratio = std::max(worst_mse_ratio, a.us / b.us);
+  for (const char* with_stats : {"yes", "no"}) {
+    double worst_frac = 1e9, worst_mse_ratio = 0.0;
+    for (const row& a : rows) {
+      if (a.mib < 256 || a.op != "quantize" || a.stats != with_stats || a.layout != "linear") continue;
+      if (a.rule != "mse") worst_frac = std::min(worst_frac, a.frac_copy);
+      if (a.rule == "mse")
+        for (const row& b : rows)
+          if (b.mib == a.mib && b.rule == "rceil" && b.layout == "linear" && b.op == "quantize" && b.stats == a.stats)
+            worst_mse_ratio = std::max(worst_mse_ratio, a.us / b.us);
+    }
+    std::printf("%ssummary (>= 256 MiB, statistics %s): slowest floor/even/rceil at %.1f%% of copy (target 85%%), "
+                "mse/rceil time %.2fx (target 1.5x)\n",
+                with_stats[0] == 'y' ? "\n" : "", with_stats, 100.0 * worst_frac, worst_mse_ratio);
   }
-  std::printf("slowest floor/even/rceil at %.1f%% of copy (target 85%%), mse/rceil time %.2fx (target 1.5x)\n",
-              100.0 * worst_frac, worst_mse_ratio);
 
   if (!json_path.empty()) {
     nlohmann::json j;
@@ -259,7 +265,8 @@ int main(int argc, char** argv) {
     j["input"] = "bf16";
     for (const row& a : rows)
       j["rows"].push_back({{"op", a.op}, {"rule", a.rule}, {"layout", a.layout}, {"mib_in", a.mib}, {"us", a.us},
-                           {"gbps", a.gbps}, {"frac_copy", a.frac_copy}, {"us_back_to_back", a.us_back_to_back}});
+                           {"gbps", a.gbps}, {"frac_copy", a.frac_copy}, {"us_back_to_back", a.us_back_to_back},
+                           {"stats", a.stats}});
     std::ofstream(json_path) << j.dump(2) << "\n";
     std::printf("wrote %s\n", json_path.c_str());
   }

@@ -19,11 +19,13 @@ def moe_table(d):
 
 def quantize_table(q):
     print(f"\n{q['gpu']}, {q.get('input', 'bf16')} input, copy {q['copy_tbps'] * 1000:.0f} GB/s (read + written).\n")
-    print("| op | rule | scales | MiB in | µs | GB/s | of copy |")
-    print("|---|---|---|---:|---:|---:|---:|")
+    print("| op | rule | scales | statistics | MiB in | µs | GB/s | of copy | back-to-back µs |")
+    print("|---|---|---|---|---:|---:|---:|---:|---:|")
     for r in q["rows"]:
-        print(f"| {r['op']} | {r['rule']} | {r['layout']} | {r['mib_in']:.0f} | {r['us']:.1f} | {r['gbps']:.0f} | "
-              f"{100 * r['frac_copy']:.1f}% |")
+        b2b = r.get("us_back_to_back")
+        print(f"| {r['op']} | {r['rule']} | {r['layout']} | {r.get('stats', 'yes' if r['op'] == 'quantize' else '-')} | "
+              f"{r['mib_in']:.0f} | {r['us']:.1f} | {r['gbps']:.0f} | {100 * r['frac_copy']:.1f}% | "
+              f"{b2b if b2b is not None else float('nan'):.1f} |")
 
 
 if __name__ == "__main__":

@@ -34,11 +34,11 @@ for tool in ("memcheck", "racecheck"):
 q = load("bench_quantize.json")
 if q:
     print(f"quantize / dequantize, {q.get('input', '?')} input (copy {q.get('copy_tbps', 0):.2f} TB/s), >= 256 MiB:")
-    print(f"  {'op':10s} {'rule':6s} {'scales':12s} {'MiB':>6s} {'us':>9s} {'GB/s':>7s} {'of copy':>8s}")
+    print(f"  {'op':10s} {'rule':6s} {'scales':12s} {'stats':5s} {'MiB':>6s} {'us':>9s} {'GB/s':>7s} {'of copy':>8s}")
     for r in q.get("rows", []):
         if r.get("mib_in", 0) >= 256:
-            print(f"  {r['op']:10s} {r['rule']:6s} {r['layout']:12s} {r['mib_in']:6.0f} {r['us']:9.1f} "
-                  f"{r['gbps']:7.0f} {100 * r['frac_copy']:7.1f}%")
+            print(f"  {r['op']:10s} {r['rule']:6s} {r['layout']:12s} {r.get('stats', '-'):5s} {r['mib_in']:6.0f} "
+                  f"{r['us']:9.1f} {r['gbps']:7.0f} {100 * r['frac_copy']:7.1f}%")
 m = load("bench_moe.json")
 if m:
     print(f"MoE layer ({m['gpu']}, copy {m['copy_tbps']:.2f} TB/s, bf16 {m.get('bf16_tflops') or 0:.0f} TFLOP/s):")

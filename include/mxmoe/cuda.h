@@ -51,8 +51,10 @@ quant_stats quantize(const tensor_view& x, mx::scale_rule rule, scale_layout lay
 void dequantize(const tensor_view& packed, const tensor_view& scales, scale_layout layout,
                 const tensor_view& out, void* stream = nullptr);
 // quantize() without the host synchronization (for pipelines, CUDA graphs and benchmarks): the
-// statistics are written to `device_stats` (device memory for one quant_stats; nullptr: not
-// written) when the stream gets there. Validates like quantize() before enqueueing anything.
+// statistics are written to `device_stats` (device memory for one quant_stats) when the stream gets
+// there. nullptr: no statistics at all, which runs a cheaper kernel (no counts or sums; ~20% faster
+// where the kernel is compute-bound) and nothing after it; the bytes are the same. Validates like
+// quantize() before enqueueing anything.
 void quantize_async(const tensor_view& x, mx::scale_rule rule, scale_layout layout, const tensor_view& packed,
                     const tensor_view& scales, quant_stats* device_stats, void* stream = nullptr);
 

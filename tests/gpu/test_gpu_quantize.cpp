@@ -129,7 +129,10 @@ quantized quantize_on_cpu(const host_tensor& x, scale_rule rule, scale_layout la
 
 // Uploads x at `misalign` bytes past a 256-byte aligned allocation (0: the fast kernel; a
 // non-multiple of 16: the reference kernel), quantizes on the GPU into 0xFF-filled outputs.
-quantized quantize_on_gpu(const host_tensor& x, scale_rule rule, scale_layout layout, size_t misalign = 0) {
+// `with_stats` false: quantize_async without a statistics pointer (the kernels that compute none);
+// the returned stats are then default-constructed.
+quantized quantize_on_gpu(const host_tensor& x, scale_rule rule, scale_layout layout, size_t misalign = 0,
+                          bool with_stats = true) {
   const std::vector<int64_t> pshape{x.shape[0], x.shape[1], x.shape[2] / 2}, sshape = scale_shape(x.shape, layout);
   cuda::device_buffer dx(x.bytes.size() + misalign + 1), dp(static_cast<size_t>(numel(pshape))),
       ds(static_cast<size_t>(numel(sshape)));
@@ -138,8 +141,13 @@ quantized quantize_on_gpu(const host_tensor& x, scale_rule rule, scale_layout la
   dp.fill(0xFF);
   ds.fill(0xFF);
   quantized q;
-  q.stats = cuda::quantize(x.view(static_cast<uint8_t*>(dx.data()) + misalign, device_kind::cuda), rule, layout,
-                           dp.view(dtype::u8, pshape), ds.view(dtype::u8, sshape));
+  const tensor_view xv = x.view(static_cast<uint8_t*>(dx.data()) + misalign, device_kind::cuda);
+  if (with_stats) {
+    q.stats = cuda::quantize(xv, rule, layout, dp.view(dtype::u8, pshape), ds.view(dtype::u8, sshape));
+  } else {
+    cuda::quantize_async(xv, rule, layout, dp.view(dtype::u8, pshape), ds.view(dtype::u8, sshape), nullptr);
+    cuda::synchronize();
+  }
   q.packed.resize(dp.size());
   q.scales.resize(ds.size());
   if (dp.size()) dp.download(q.packed.data(), dp.size());
@@ -206,6 +214,7 @@ void check_case(const host_tensor& x, scale_rule rule, scale_layout layout, bool
   const quantized gpu = quantize_on_gpu(x, rule, layout, misalign);
   expect_same_bytes(gpu, cpu, what);
   expect_same_stats(gpu.stats, cpu.stats, what);
+  expect_same_bytes(quantize_on_gpu(x, rule, layout, misalign, false), cpu, what + " without statistics");
   expect_same_dequantize(cpu, x.shape, layout, what, misaligned);
 }
 
