@@ -40,6 +40,34 @@ class slot_tracker {
   std::vector<uint8_t> hit_;
 };
 
+// A 2-D layout whose storage of `size` slots may hold padding: every (m, k) in [0, rows) x [0, cols)
+// gets a slot of its own from offset(), and coord() maps it back; every other slot is padding:
+// coord() says so and gives a coordinate outside the data that offset() maps back to the same slot,
+// which is then passed to `padding(m, k)` for the layout's own checks.
+template <class Offset, class Coord, class Padding>
+void check_padded_bijection(int64_t rows, int64_t cols, int64_t size, Offset offset, Coord coord, Padding padding) {
+  slot_tracker slots(size);
+  for (int64_t m = 0; m < rows; ++m)
+    for (int64_t k = 0; k < cols; ++k) {
+      const int64_t off = offset(m, k);
+      ASSERT_TRUE(slots.hit(off));
+      int64_t m2 = -1, k2 = -1;
+      ASSERT_TRUE(coord(off, &m2, &k2));
+      ASSERT_EQ(m2, m);
+      ASSERT_EQ(k2, k);
+    }
+  for (int64_t off = 0; off < size; ++off) {
+    int64_t m = -1, k = -1;
+    const bool data = coord(off, &m, &k);
+    ASSERT_EQ(data, slots.was_hit(off)) << "offset " << off;
+    if (!data) {
+      ASSERT_TRUE(m >= rows || k >= cols);
+      ASSERT_EQ(offset(m, k), off);
+      padding(m, k);
+    }
+  }
+}
+
 // ---- scale_linear ---------------------------------------------------------------------------
 
 TEST(ScaleLinear, BijectionAndInverse) {
@@ -74,30 +102,15 @@ TEST(ScaleTiled128x4, BijectionAndInverseWithPadding) {
       ASSERT_LT(s.padded_rows() - rows, 128);
       ASSERT_LT(s.padded_cols() - cols, 4);
       ASSERT_EQ(s.size(), s.padded_rows() * s.padded_cols());
-      slot_tracker slots(s.size());
-      for (int64_t m = 0; m < rows; ++m)
-        for (int64_t k = 0; k < cols; ++k) {
-          const int64_t off = s.offset(m, k);
-          ASSERT_TRUE(slots.hit(off));
-          int64_t m2 = -1, k2 = -1;
-          ASSERT_TRUE(s.coord(off, &m2, &k2));
-          ASSERT_EQ(m2, m);
-          ASSERT_EQ(k2, k);
-        }
       int64_t padding = 0;
-      for (int64_t off = 0; off < s.size(); ++off) {
-        int64_t m = -1, k = -1;
-        const bool data = s.coord(off, &m, &k);
-        ASSERT_EQ(data, slots.was_hit(off)) << "offset " << off;
-        if (!data) {
-          ++padding;
-          // Padding coordinates lie in the padded region and map back to the same slot.
-          ASSERT_TRUE(m >= rows || k >= cols);
-          ASSERT_LT(m, s.padded_rows());
-          ASSERT_LT(k, s.padded_cols());
-          ASSERT_EQ(s.offset(m, k), off);
-        }
-      }
+      ASSERT_NO_FATAL_FAILURE(check_padded_bijection(
+          rows, cols, s.size(), [&](int64_t m, int64_t k) { return s.offset(m, k); },
+          [&](int64_t off, int64_t* m, int64_t* k) { return s.coord(off, m, k); },
+          [&](int64_t m, int64_t k) {  // padding coordinates lie in the padded region
+            ++padding;
+            EXPECT_LT(m, s.padded_rows());
+            EXPECT_LT(k, s.padded_cols());
+          }));
       EXPECT_EQ(padding, s.size() - rows * cols);
     }
 }
@@ -202,26 +215,9 @@ TEST(Sm90Fragment, ScaleBijectionAndInverse) {
     for (int64_t cols : kCols) {
       SCOPED_TRACE(testing::Message() << "rows " << rows << " K " << cols);
       const layout::sm90_fragment f{rows, cols};
-      const int64_t scale_cols = cols / 32;
-      slot_tracker slots(f.scale_bytes());
-      for (int64_t n = 0; n < rows; ++n)
-        for (int64_t kb = 0; kb < scale_cols; ++kb) {
-          const int64_t off = f.scale_offset(n, kb);
-          ASSERT_TRUE(slots.hit(off));
-          int64_t n2 = -1, kb2 = -1;
-          ASSERT_TRUE(f.scale_coord(off, &n2, &kb2));
-          ASSERT_EQ(n2, n);
-          ASSERT_EQ(kb2, kb);
-        }
-      for (int64_t off = 0; off < f.scale_bytes(); ++off) {
-        int64_t n = -1, kb = -1;
-        const bool data = f.scale_coord(off, &n, &kb);
-        ASSERT_EQ(data, slots.was_hit(off)) << "offset " << off;
-        if (!data) {
-          ASSERT_TRUE(n >= rows || kb >= scale_cols);
-          ASSERT_EQ(f.scale_offset(n, kb), off);
-        }
-      }
+      ASSERT_NO_FATAL_FAILURE(check_padded_bijection(
+          rows, cols / 32, f.scale_bytes(), [&](int64_t n, int64_t kb) { return f.scale_offset(n, kb); },
+          [&](int64_t off, int64_t* n, int64_t* kb) { return f.scale_coord(off, n, kb); }, [](int64_t, int64_t) {}));
     }
 }
 

@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "cuda_ok.h"
 #include "mxmoe/cuda.h"
 #include "mxmoe/dtype.h"
 #include "mxmoe/error.h"
@@ -22,8 +23,6 @@
 
 namespace mxmoe {
 namespace {
-
-#define CUDA_OK(call) ASSERT_EQ((call), cudaSuccess) << #call
 
 struct host_moe {
   moe_config cfg;

@@ -16,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include "cuda_ok.h"
 #include "mxmoe/cuda.h"
 #include "mxmoe/error.h"
 #include "mxmoe/layout.h"
@@ -422,8 +423,6 @@ TEST(GpuQuantize, AsyncFormWritesTheSameStatistics) {
   dstats.download(&st, sizeof st);
   expect_same_stats(st, cpu.stats, "quantize_async");
 }
-
-#define CUDA_OK(call) ASSERT_EQ((call), cudaSuccess) << #call
 
 // The statistics take a per-call workspace (stream-ordered allocation) and a second kernel launched
 // as a programmatic dependent of the quantize kernel. Several non-blocking streams quantizing at
