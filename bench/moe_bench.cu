@@ -159,10 +159,10 @@ int run_moe_bench(const moe_bench_options& opt) {
       random_device_bytes(b2, 13, 0, 256);
       random_device_bytes(s2, 14, 118, 5);
       moe_weights w;
-      w.w13_blocks = b13.view(dtype::u8, {E, 2 * I, H / 32, 16});
-      w.w13_scales = s13.view(dtype::u8, {E, 2 * I, H / 32});
-      w.w2_blocks = b2.view(dtype::u8, {E, H, I / 32, 16});
-      w.w2_scales = s2.view(dtype::u8, {E, H, I / 32});
+      w.gate_up_blocks = b13.view(dtype::u8, {E, 2 * I, H / 32, 16});
+      w.gate_up_scales = s13.view(dtype::u8, {E, 2 * I, H / 32});
+      w.down_blocks = b2.view(dtype::u8, {E, H, I / 32, 16});
+      w.down_scales = s2.view(dtype::u8, {E, H, I / 32});
       std::mt19937 rng(5);
       std::normal_distribution<float> nd(0.0f, 0.05f);
       std::vector<uint16_t> bias13, bias2;
@@ -171,8 +171,8 @@ int run_moe_bench(const moe_bench_options& opt) {
         bias2.resize(static_cast<size_t>(E * H));
         for (auto& b : bias13) b = float_to_bf16(nd(rng));
         for (auto& b : bias2) b = float_to_bf16(nd(rng));
-        w.b13 = tensor_view(bias13.data(), dtype::bf16, {E, 2 * I});
-        w.b2 = tensor_view(bias2.data(), dtype::bf16, {E, H});
+        w.gate_up_bias = tensor_view(bias13.data(), dtype::bf16, {E, 2 * I});
+        w.down_bias = tensor_view(bias2.data(), dtype::bf16, {E, H});
       }
       if (cfg.routing.kind == routing_kind::sigmoid_grouped_topk) {
         corr.resize(static_cast<size_t>(E));

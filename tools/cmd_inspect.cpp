@@ -162,11 +162,11 @@ int run_inspect(const inspect_args& a) {
                          {"experts", l.shape.experts},
                          {"hidden", l.shape.hidden},
                          {"intermediate", l.shape.intermediate},
-                         {"biases", !l.b13.empty() || !l.b2.empty()},
+                         {"biases", !l.gate_up_bias.empty() || !l.down_bias.empty()},
                          {"router", l.router_weight}};
     if (!a.json)
       fmt::print("MoE layer {} ({}): {}, E={} H={} I={}{}{}\n", l.layer, l.prefix, checkpoint::to_string(l.layout),
-                 l.shape.experts, l.shape.hidden, l.shape.intermediate, l.b13.empty() ? "" : ", biases",
+                 l.shape.experts, l.shape.hidden, l.shape.intermediate, l.gate_up_bias.empty() ? "" : ", biases",
                  l.router_weight.empty() ? "" : ", router " + l.router_weight);
     if (l.layout == checkpoint::moe_layout::mxfp4_gpt_oss) {
       const auto n = checkpoint::mxfp4_tensor_names(l.prefix);

@@ -22,8 +22,8 @@ namespace {
 // Synthetic MXFP4 weights: uniformly random codes, and per-block scales around 1/(2.93·sqrt(K))
 // (2.93 is the RMS of a uniformly random E2M1 code), so that every GEMM output is O(1).
 struct synthetic_layer {
-  std::vector<uint8_t> w13_blocks, w13_scales, w2_blocks, w2_scales;
-  std::vector<uint16_t> b13, b2;
+  std::vector<uint8_t> gate_up_blocks, gate_up_scales, down_blocks, down_scales;
+  std::vector<uint16_t> gate_up_bias, down_bias;
   moe_weights weights;
 };
 
@@ -41,26 +41,26 @@ std::unique_ptr<synthetic_layer> make_synthetic(const moe_config& cfg, bool bias
   const int64_t E = cfg.shape.experts, H = cfg.shape.hidden, I = cfg.shape.intermediate;
   auto s = std::make_unique<synthetic_layer>();
   std::mt19937_64 rng(seed);
-  s->w13_blocks.resize(static_cast<size_t>(E * 2 * I * H / 2));
-  s->w13_scales.resize(static_cast<size_t>(E * 2 * I * H / 32));
-  s->w2_blocks.resize(static_cast<size_t>(E * H * I / 2));
-  s->w2_scales.resize(static_cast<size_t>(E * H * I / 32));
-  fill_mxfp4(rng, H, s->w13_blocks, s->w13_scales);
-  fill_mxfp4(rng, I, s->w2_blocks, s->w2_scales);
+  s->gate_up_blocks.resize(static_cast<size_t>(E * 2 * I * H / 2));
+  s->gate_up_scales.resize(static_cast<size_t>(E * 2 * I * H / 32));
+  s->down_blocks.resize(static_cast<size_t>(E * H * I / 2));
+  s->down_scales.resize(static_cast<size_t>(E * H * I / 32));
+  fill_mxfp4(rng, H, s->gate_up_blocks, s->gate_up_scales);
+  fill_mxfp4(rng, I, s->down_blocks, s->down_scales);
   moe_weights& w = s->weights;
   w.format = weight_format::mxfp4;
-  w.w13_blocks = tensor_view(s->w13_blocks.data(), dtype::u8, {E, 2 * I, H / 32, 16});
-  w.w13_scales = tensor_view(s->w13_scales.data(), dtype::u8, {E, 2 * I, H / 32});
-  w.w2_blocks = tensor_view(s->w2_blocks.data(), dtype::u8, {E, H, I / 32, 16});
-  w.w2_scales = tensor_view(s->w2_scales.data(), dtype::u8, {E, H, I / 32});
+  w.gate_up_blocks = tensor_view(s->gate_up_blocks.data(), dtype::u8, {E, 2 * I, H / 32, 16});
+  w.gate_up_scales = tensor_view(s->gate_up_scales.data(), dtype::u8, {E, 2 * I, H / 32});
+  w.down_blocks = tensor_view(s->down_blocks.data(), dtype::u8, {E, H, I / 32, 16});
+  w.down_scales = tensor_view(s->down_scales.data(), dtype::u8, {E, H, I / 32});
   if (biases) {
     std::normal_distribution<float> normal(0.0f, 0.1f);
-    s->b13.resize(static_cast<size_t>(E * 2 * I));
-    s->b2.resize(static_cast<size_t>(E * H));
-    for (auto& v : s->b13) v = float_to_bf16(normal(rng));
-    for (auto& v : s->b2) v = float_to_bf16(normal(rng));
-    w.b13 = tensor_view(s->b13.data(), dtype::bf16, {E, 2 * I});
-    w.b2 = tensor_view(s->b2.data(), dtype::bf16, {E, H});
+    s->gate_up_bias.resize(static_cast<size_t>(E * 2 * I));
+    s->down_bias.resize(static_cast<size_t>(E * H));
+    for (auto& v : s->gate_up_bias) v = float_to_bf16(normal(rng));
+    for (auto& v : s->down_bias) v = float_to_bf16(normal(rng));
+    w.gate_up_bias = tensor_view(s->gate_up_bias.data(), dtype::bf16, {E, 2 * I});
+    w.down_bias = tensor_view(s->down_bias.data(), dtype::bf16, {E, H});
   }
   return s;
 }

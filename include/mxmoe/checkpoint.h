@@ -39,7 +39,7 @@ struct moe_layer_info {
   moe_layout layout = moe_layout::mxfp4_gpt_oss;
   moe_shape shape;
   dtype weight_type = dtype::u8;  // element type of the expert weights
-  std::string b13, b2;            // tensor names; empty when absent
+  std::string gate_up_bias, down_bias;  // tensor names; empty when absent
   std::string router_weight, router_bias, correction_bias;
   // The tensors holding expert weights (replaced when the layer is converted); biases and router
   // tensors are not among them.

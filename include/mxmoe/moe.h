@@ -66,10 +66,10 @@ void validate(const moe_config& cfg);
 // Optional tensors: a default-constructed tensor_view means "not given".
 struct moe_weights {
   weight_format format = weight_format::mxfp4;
-  tensor_view w13_blocks, w13_scales;  // mxfp4: u8 [E, 2I, H/32, 16], u8 [E, 2I, H/32]
-  tensor_view w2_blocks, w2_scales;    // mxfp4: u8 [E, H, I/32, 16],  u8 [E, H, I/32]
-  tensor_view w13, w2;                 // bf16:  bf16 [E, 2I, H], bf16 [E, H, I]
-  tensor_view b13, b2;                 // optional bf16 | f32 [E, 2I], [E, H]
+  tensor_view gate_up_blocks, gate_up_scales;  // mxfp4: u8 [E, 2I, H/32, 16], u8 [E, 2I, H/32]
+  tensor_view down_blocks, down_scales;    // mxfp4: u8 [E, H, I/32, 16],  u8 [E, H, I/32]
+  tensor_view gate_up, down;           // bf16:  bf16 [E, 2I, H], bf16 [E, H, I]
+  tensor_view gate_up_bias, down_bias; // optional bf16 | f32 [E, 2I], [E, H]
   tensor_view router_weight;           // optional bf16 | f32 [E, H] (when logits are not given)
   tensor_view router_bias;             // optional bf16 | f32 [E]
   tensor_view correction_bias;         // optional f32 [E] (sigmoid_grouped_topk only)

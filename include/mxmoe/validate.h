@@ -21,7 +21,7 @@ namespace mxmoe {
 inline bool is_absent(const tensor_view& v) { return v.data == nullptr && v.shape.empty(); }
 
 // `v` must have one of `types`, exactly `shape`, contiguous strides, and non-null data when it
-// holds any element. `name` is what the error message calls it ("weights.b13", "routing.ids").
+// holds any element. `name` is what the error message calls it ("weights.gate_up_bias", "routing.ids").
 void check_tensor(const tensor_view& v, const char* name, std::initializer_list<dtype> types,
                   const std::vector<int64_t>& shape);
 

@@ -118,25 +118,25 @@ void validate(const moe_weights& w, const moe_config& cfg) {
   const int64_t e = cfg.shape.experts, h = cfg.shape.hidden, i = cfg.shape.intermediate;
   const int64_t bs = mx::kBlockSize, pb = mx::kPackedBlockBytes;
   if (w.format == weight_format::mxfp4) {
-    const device_kind where = w.w13_blocks.device;
-    check_required(w.w13_blocks, "weights.w13_blocks", {dtype::u8}, {e, 2 * i, h / bs, pb}, where);
-    check_required(w.w13_scales, "weights.w13_scales", {dtype::u8}, {e, 2 * i, h / bs}, where);
-    check_required(w.w2_blocks, "weights.w2_blocks", {dtype::u8}, {e, h, i / bs, pb}, where);
-    check_required(w.w2_scales, "weights.w2_scales", {dtype::u8}, {e, h, i / bs}, where);
-    check_unused(w.w13, "weights.w13", "format is mxfp4: use w13_blocks and w13_scales");
-    check_unused(w.w2, "weights.w2", "format is mxfp4: use w2_blocks and w2_scales");
+    const device_kind where = w.gate_up_blocks.device;
+    check_required(w.gate_up_blocks, "weights.gate_up_blocks", {dtype::u8}, {e, 2 * i, h / bs, pb}, where);
+    check_required(w.gate_up_scales, "weights.gate_up_scales", {dtype::u8}, {e, 2 * i, h / bs}, where);
+    check_required(w.down_blocks, "weights.down_blocks", {dtype::u8}, {e, h, i / bs, pb}, where);
+    check_required(w.down_scales, "weights.down_scales", {dtype::u8}, {e, h, i / bs}, where);
+    check_unused(w.gate_up, "weights.gate_up", "format is mxfp4: use gate_up_blocks and gate_up_scales");
+    check_unused(w.down, "weights.down", "format is mxfp4: use down_blocks and down_scales");
   } else {
     MXMOE_CHECK_ARG(w.format == weight_format::bf16, "weights.format", "mxfp4 | bf16",
                     std::to_string(static_cast<int>(w.format)));
-    check_required(w.w13, "weights.w13", {dtype::bf16}, {e, 2 * i, h}, w.w13.device);
-    check_required(w.w2, "weights.w2", {dtype::bf16}, {e, h, i}, w.w13.device);
-    check_unused(w.w13_blocks, "weights.w13_blocks", "format is bf16: use w13");
-    check_unused(w.w13_scales, "weights.w13_scales", "format is bf16: use w13");
-    check_unused(w.w2_blocks, "weights.w2_blocks", "format is bf16: use w2");
-    check_unused(w.w2_scales, "weights.w2_scales", "format is bf16: use w2");
+    check_required(w.gate_up, "weights.gate_up", {dtype::bf16}, {e, 2 * i, h}, w.gate_up.device);
+    check_required(w.down, "weights.down", {dtype::bf16}, {e, h, i}, w.gate_up.device);
+    check_unused(w.gate_up_blocks, "weights.gate_up_blocks", "format is bf16: use w13");
+    check_unused(w.gate_up_scales, "weights.gate_up_scales", "format is bf16: use w13");
+    check_unused(w.down_blocks, "weights.down_blocks", "format is bf16: use w2");
+    check_unused(w.down_scales, "weights.down_scales", "format is bf16: use w2");
   }
-  check_optional(w.b13, "weights.b13", {dtype::bf16, dtype::f32}, {e, 2 * i});
-  check_optional(w.b2, "weights.b2", {dtype::bf16, dtype::f32}, {e, h});
+  check_optional(w.gate_up_bias, "weights.gate_up_bias", {dtype::bf16, dtype::f32}, {e, 2 * i});
+  check_optional(w.down_bias, "weights.down_bias", {dtype::bf16, dtype::f32}, {e, h});
   check_optional(w.router_weight, "weights.router_weight", {dtype::bf16, dtype::f32}, {e, h});
   check_optional(w.router_bias, "weights.router_bias", {dtype::bf16, dtype::f32}, {e});
   if (is_absent(w.router_weight))

@@ -120,8 +120,8 @@ void forward(const tensor_view& x, const std::vector<int32_t>& ids, const std::v
     for (int c = 0; c < 16; ++c)
       table[static_cast<size_t>(s * 16 + c)] = static_cast<F>(mx::dequantize_value(static_cast<uint8_t>(c), static_cast<uint8_t>(s)));
   const bool mxfp4 = w.format == weight_format::mxfp4;
-  const weight_rows<F> w13(w.w13_blocks, w.w13_scales, mxfp4 ? tensor_view() : w.w13, e_count, 2 * inter, h, table.data());
-  const weight_rows<F> w2(w.w2_blocks, w.w2_scales, mxfp4 ? tensor_view() : w.w2, e_count, h, inter, table.data());
+  const weight_rows<F> w13(w.gate_up_blocks, w.gate_up_scales, mxfp4 ? tensor_view() : w.gate_up, e_count, 2 * inter, h, table.data());
+  const weight_rows<F> w2(w.down_blocks, w.down_scales, mxfp4 ? tensor_view() : w.down, e_count, h, inter, table.data());
   const layout::gate_up_rows gate_up{inter, cfg.gate_up};
 
   const int64_t chunk = std::max<int64_t>(1, static_cast<int64_t>(kChunkBytes / static_cast<size_t>(k * h) / sizeof(F)));
@@ -150,7 +150,7 @@ void forward(const tensor_view& x, const std::vector<int32_t>& ids, const std::v
         std::vector<F> row(static_cast<size_t>(h));
         for (int64_t r = r0; r < r1; ++r) {
           w13.read(e, r, row.data());
-          const F bias = w.b13.empty() ? F(0) : static_cast<F>(element(w.b13, e * 2 * inter + r));
+          const F bias = w.gate_up_bias.empty() ? F(0) : static_cast<F>(element(w.gate_up_bias, e * 2 * inter + r));
           detail::dot_rows(x_rows.data(), x_rows.size(), row.data(), h, bias, h13.data() + r, 2 * inter);
         }
       });
@@ -170,7 +170,7 @@ void forward(const tensor_view& x, const std::vector<int32_t>& ids, const std::v
         std::vector<F> col(static_cast<size_t>(count));
         for (int64_t n = n0; n < n1; ++n) {
           w2.read(e, n, row.data());
-          const F bias = w.b2.empty() ? F(0) : static_cast<F>(element(w.b2, e * h + n));
+          const F bias = w.down_bias.empty() ? F(0) : static_cast<F>(element(w.down_bias, e * h + n));
           detail::dot_rows(act_rows.data(), act_rows.size(), row.data(), inter, bias, col.data(), 1);
           for (int64_t j = 0; j < count; ++j) y[static_cast<size_t>(by_expert[static_cast<size_t>(first + j)] * h + n)] = col[static_cast<size_t>(j)];
         }
@@ -202,8 +202,8 @@ void check_host(const tensor_view& v, const char* name) {
 void moe_forward(const tensor_view& x, const routing_input& routing, const moe_weights& weights,
                  const moe_config& cfg, const tensor_view& out, precision prec, int threads) {
   validate(weights, cfg);
-  check_host(weights.format == weight_format::mxfp4 ? weights.w13_blocks : weights.w13,
-             weights.format == weight_format::mxfp4 ? "weights.w13_blocks" : "weights.w13");
+  check_host(weights.format == weight_format::mxfp4 ? weights.gate_up_blocks : weights.gate_up,
+             weights.format == weight_format::mxfp4 ? "weights.gate_up_blocks" : "weights.gate_up");
   check_host(x, "x");
   check_host(out, "out");
   validate_moe_io(x, out, cfg);

@@ -150,8 +150,8 @@ moe_layer_info describe_layer(const safetensors_reader& file, const candidate& c
       }
     }
   }
-  info.b13 = optional(file, p + "experts.gate_up_proj_bias", {s.experts, 2 * s.intermediate});
-  info.b2 = optional(file, p + "experts.down_proj_bias", {s.experts, s.hidden});
+  info.gate_up_bias = optional(file, p + "experts.gate_up_proj_bias", {s.experts, 2 * s.intermediate});
+  info.down_bias = optional(file, p + "experts.down_proj_bias", {s.experts, s.hidden});
   info.router_weight = optional(file, p + "router.weight", {s.experts, s.hidden});
   if (info.router_weight.empty()) info.router_weight = optional(file, p + "gate.weight", {s.experts, s.hidden});
   info.router_bias = optional(file, p + "router.bias", {s.experts});
@@ -297,8 +297,8 @@ moe_config layer_config(const safetensors_reader& file, const moe_layer_info& in
 namespace {
 // The biases and router tensors a layer carries, whatever its weight format.
 void attach_layer_tensors(const safetensors_reader& file, const moe_layer_info& info, moe_weights& w) {
-  if (!info.b13.empty()) w.b13 = file.tensor(info.b13);
-  if (!info.b2.empty()) w.b2 = file.tensor(info.b2);
+  if (!info.gate_up_bias.empty()) w.gate_up_bias = file.tensor(info.gate_up_bias);
+  if (!info.down_bias.empty()) w.down_bias = file.tensor(info.down_bias);
   if (!info.router_weight.empty()) w.router_weight = file.tensor(info.router_weight);
   if (!info.router_bias.empty()) w.router_bias = file.tensor(info.router_bias);
   if (!info.correction_bias.empty()) w.correction_bias = file.tensor(info.correction_bias);
@@ -311,10 +311,10 @@ moe_weights mxfp4_weights(const safetensors_reader& file, const moe_layer_info& 
   const mxfp4_names n = mxfp4_tensor_names(info.prefix);
   moe_weights w;
   w.format = weight_format::mxfp4;
-  w.w13_blocks = file.tensor(n.gate_up_blocks);
-  w.w13_scales = file.tensor(n.gate_up_scales);
-  w.w2_blocks = file.tensor(n.down_blocks);
-  w.w2_scales = file.tensor(n.down_scales);
+  w.gate_up_blocks = file.tensor(n.gate_up_blocks);
+  w.gate_up_scales = file.tensor(n.gate_up_scales);
+  w.down_blocks = file.tensor(n.down_blocks);
+  w.down_scales = file.tensor(n.down_scales);
   attach_layer_tensors(file, info, w);
   return w;
 }
@@ -366,8 +366,8 @@ moe_weights bf16_weights(const safetensors_reader& file, const moe_layer_info& i
   }
   moe_weights w;
   w.format = weight_format::bf16;
-  w.w13 = tensor_view(w13.data(), dtype::bf16, {E, 2 * I, H});
-  w.w2 = tensor_view(w2.data(), dtype::bf16, {E, H, I});
+  w.gate_up = tensor_view(w13.data(), dtype::bf16, {E, 2 * I, H});
+  w.down = tensor_view(w2.data(), dtype::bf16, {E, H, I});
   attach_layer_tensors(file, info, w);
   return w;
 }

@@ -17,8 +17,8 @@ namespace mxmoe::test {
 struct moe_problem {
   moe_config cfg;
   int64_t tokens = 0;
-  std::vector<uint8_t> w13_blocks, w13_scales, w2_blocks, w2_scales;
-  std::vector<float> b13, b2;         // f32 [E, 2I], [E, H]; empty: no biases
+  std::vector<uint8_t> gate_up_blocks, gate_up_scales, down_blocks, down_scales;
+  std::vector<float> gate_up_bias, down_bias;  // f32 [E, 2I], [E, H]; empty: no biases
   std::vector<float> x;               // f32 [T, H]
   std::vector<float> logits;          // f32 [T, E]
   std::vector<int32_t> ids;           // i32 [T, k], distinct experts per token
@@ -34,12 +34,12 @@ struct moe_problem {
   moe_weights weights() const {
     moe_weights w;
     w.format = weight_format::mxfp4;
-    w.w13_blocks = tensor_view(w13_blocks.data(), dtype::u8, {e(), 2 * i(), h() / 32, 16});
-    w.w13_scales = tensor_view(w13_scales.data(), dtype::u8, {e(), 2 * i(), h() / 32});
-    w.w2_blocks = tensor_view(w2_blocks.data(), dtype::u8, {e(), h(), i() / 32, 16});
-    w.w2_scales = tensor_view(w2_scales.data(), dtype::u8, {e(), h(), i() / 32});
-    if (!b13.empty()) w.b13 = tensor_view(b13.data(), dtype::f32, {e(), 2 * i()});
-    if (!b2.empty()) w.b2 = tensor_view(b2.data(), dtype::f32, {e(), h()});
+    w.gate_up_blocks = tensor_view(gate_up_blocks.data(), dtype::u8, {e(), 2 * i(), h() / 32, 16});
+    w.gate_up_scales = tensor_view(gate_up_scales.data(), dtype::u8, {e(), 2 * i(), h() / 32});
+    w.down_blocks = tensor_view(down_blocks.data(), dtype::u8, {e(), h(), i() / 32, 16});
+    w.down_scales = tensor_view(down_scales.data(), dtype::u8, {e(), h(), i() / 32});
+    if (!gate_up_bias.empty()) w.gate_up_bias = tensor_view(gate_up_bias.data(), dtype::f32, {e(), 2 * i()});
+    if (!down_bias.empty()) w.down_bias = tensor_view(down_bias.data(), dtype::f32, {e(), h()});
     return w;
   }
   tensor_view x_view() const { return tensor_view(x.data(), dtype::f32, {tokens, h()}); }
@@ -69,8 +69,8 @@ struct moe_problem {
         }
     return v;
   }
-  std::vector<float> w13_values() const { return decode(w13_blocks, w13_scales, w13_layout()); }
-  std::vector<float> w2_values() const { return decode(w2_blocks, w2_scales, w2_layout()); }
+  std::vector<float> w13_values() const { return decode(gate_up_blocks, gate_up_scales, w13_layout()); }
+  std::vector<float> w2_values() const { return decode(down_blocks, down_scales, w2_layout()); }
 };
 
 inline moe_problem make_problem(int64_t experts, int64_t hidden, int64_t inter, int64_t tokens, int top_k,
@@ -89,15 +89,15 @@ inline moe_problem make_problem(int64_t experts, int64_t hidden, int64_t inter, 
     v.resize(n);
     for (auto& b : v) b = static_cast<uint8_t>(dist(rng));
   };
-  fill(p.w13_blocks, static_cast<size_t>(p.w13_layout().block_bytes()), byte);
-  fill(p.w13_scales, static_cast<size_t>(p.w13_layout().scale_bytes()), scale);
-  fill(p.w2_blocks, static_cast<size_t>(p.w2_layout().block_bytes()), byte);
-  fill(p.w2_scales, static_cast<size_t>(p.w2_layout().scale_bytes()), scale);
+  fill(p.gate_up_blocks, static_cast<size_t>(p.w13_layout().block_bytes()), byte);
+  fill(p.gate_up_scales, static_cast<size_t>(p.w13_layout().scale_bytes()), scale);
+  fill(p.down_blocks, static_cast<size_t>(p.w2_layout().block_bytes()), byte);
+  fill(p.down_scales, static_cast<size_t>(p.w2_layout().scale_bytes()), scale);
   if (biases) {
-    p.b13.resize(static_cast<size_t>(experts * 2 * inter));
-    p.b2.resize(static_cast<size_t>(experts * hidden));
-    for (float& v : p.b13) v = normal(rng);
-    for (float& v : p.b2) v = normal(rng);
+    p.gate_up_bias.resize(static_cast<size_t>(experts * 2 * inter));
+    p.down_bias.resize(static_cast<size_t>(experts * hidden));
+    for (float& v : p.gate_up_bias) v = normal(rng);
+    for (float& v : p.down_bias) v = normal(rng);
   }
   p.x.resize(static_cast<size_t>(tokens * hidden));
   for (float& v : p.x) v = normal(rng);

@@ -129,29 +129,29 @@ TEST_F(MoeBadInput, TheBaselineIsAccepted) {
 TEST_F(MoeBadInput, WeightShapesDtypesAndPresence) {
   const int64_t e = 8, h = 64, i = 32;
   auto u8 = [&](const tensor_view& v, std::vector<int64_t> shape) { return tensor_view(v.data, dtype::u8, std::move(shape)); };
-  expect_weights_rejected([&](moe_weights& w) { w.w13_blocks = u8(w.w13_blocks, {e, 2 * i, h / 32 + 1, 16}); }, "weights.w13_blocks");
-  expect_weights_rejected([&](moe_weights& w) { w.w13_blocks = u8(w.w13_blocks, {e, i, h / 32, 16}); }, "weights.w13_blocks");
-  expect_weights_rejected([&](moe_weights& w) { w.w13_blocks.type = dtype::i32; }, "weights.w13_blocks");
-  expect_weights_rejected([&](moe_weights& w) { w.w13_blocks = tensor_view(); }, "weights.w13_blocks");
-  expect_weights_rejected([&](moe_weights& w) { w.w13_blocks.data = nullptr; }, "weights.w13_blocks");
-  expect_weights_rejected([&](moe_weights& w) { w.w13_scales = u8(w.w13_scales, {e, 2 * i, h / 16}); }, "weights.w13_scales");
-  expect_weights_rejected([&](moe_weights& w) { w.w13_scales.strides = {2 * i * h / 32, 1, 1}; }, "weights.w13_scales");
-  expect_weights_rejected([&](moe_weights& w) { w.w2_blocks = u8(w.w2_blocks, {e, h, i / 32, 8}); }, "weights.w2_blocks");
-  expect_weights_rejected([&](moe_weights& w) { w.w2_scales = u8(w.w2_scales, {e - 1, h, i / 32}); }, "weights.w2_scales");
-  expect_weights_rejected([&](moe_weights& w) { w.w2_scales.device = device_kind::cuda; }, "weights.w2_scales");
-  expect_weights_rejected([&](moe_weights& w) { w.b13.shape = {e, i}; }, "weights.b13");
-  expect_weights_rejected([&](moe_weights& w) { w.b13.type = dtype::i32; }, "weights.b13");
-  expect_weights_rejected([&](moe_weights& w) { w.b2.shape = {e, h + 1}; }, "weights.b2");
-  expect_weights_rejected([&](moe_weights& w) { w.b2.data = nullptr; }, "weights.b2");
+  expect_weights_rejected([&](moe_weights& w) { w.gate_up_blocks = u8(w.gate_up_blocks, {e, 2 * i, h / 32 + 1, 16}); }, "weights.gate_up_blocks");
+  expect_weights_rejected([&](moe_weights& w) { w.gate_up_blocks = u8(w.gate_up_blocks, {e, i, h / 32, 16}); }, "weights.gate_up_blocks");
+  expect_weights_rejected([&](moe_weights& w) { w.gate_up_blocks.type = dtype::i32; }, "weights.gate_up_blocks");
+  expect_weights_rejected([&](moe_weights& w) { w.gate_up_blocks = tensor_view(); }, "weights.gate_up_blocks");
+  expect_weights_rejected([&](moe_weights& w) { w.gate_up_blocks.data = nullptr; }, "weights.gate_up_blocks");
+  expect_weights_rejected([&](moe_weights& w) { w.gate_up_scales = u8(w.gate_up_scales, {e, 2 * i, h / 16}); }, "weights.gate_up_scales");
+  expect_weights_rejected([&](moe_weights& w) { w.gate_up_scales.strides = {2 * i * h / 32, 1, 1}; }, "weights.gate_up_scales");
+  expect_weights_rejected([&](moe_weights& w) { w.down_blocks = u8(w.down_blocks, {e, h, i / 32, 8}); }, "weights.down_blocks");
+  expect_weights_rejected([&](moe_weights& w) { w.down_scales = u8(w.down_scales, {e - 1, h, i / 32}); }, "weights.down_scales");
+  expect_weights_rejected([&](moe_weights& w) { w.down_scales.device = device_kind::cuda; }, "weights.down_scales");
+  expect_weights_rejected([&](moe_weights& w) { w.gate_up_bias.shape = {e, i}; }, "weights.gate_up_bias");
+  expect_weights_rejected([&](moe_weights& w) { w.gate_up_bias.type = dtype::i32; }, "weights.gate_up_bias");
+  expect_weights_rejected([&](moe_weights& w) { w.down_bias.shape = {e, h + 1}; }, "weights.down_bias");
+  expect_weights_rejected([&](moe_weights& w) { w.down_bias.data = nullptr; }, "weights.down_bias");
   expect_weights_rejected([&](moe_weights& w) { w.router_weight = tensor_view(p.x.data(), dtype::f32, {e, h + 32}); },
                           "weights.router_weight");
   expect_weights_rejected([&](moe_weights& w) { w.router_bias = tensor_view(p.x.data(), dtype::f32, {e}); },
                           "weights.router_bias");  // without router_weight
   expect_weights_rejected([&](moe_weights& w) { w.correction_bias.shape = {e + 1}; }, "weights.correction_bias");
   expect_weights_rejected([&](moe_weights& w) { w.correction_bias.type = dtype::bf16; }, "weights.correction_bias");
-  expect_weights_rejected([&](moe_weights& w) { w.w13 = tensor_view(p.x.data(), dtype::bf16, {e, 2 * i, h}); },
-                          "weights.w13");  // mxfp4 format with a dense tensor too
-  expect_weights_rejected([&](moe_weights& w) { w.format = weight_format::bf16; }, "weights.w13");
+  expect_weights_rejected([&](moe_weights& w) { w.gate_up = tensor_view(p.x.data(), dtype::bf16, {e, 2 * i, h}); },
+                          "weights.gate_up");  // mxfp4 format with a dense tensor too
+  expect_weights_rejected([&](moe_weights& w) { w.format = weight_format::bf16; }, "weights.gate_up");
   expect_weights_rejected([&](moe_weights& w) { w.format = static_cast<weight_format>(9); }, "weights.format");
 }
 
@@ -169,18 +169,18 @@ TEST_F(MoeBadInput, Bf16FormatWithBlocksIsRejected) {
   expect_weights_rejected(
       [&](moe_weights& w) {
         w.format = weight_format::bf16;
-        w.w13 = tensor_view(w13.data(), dtype::bf16, {8, 64, 64});
-        w.w2 = tensor_view(w2.data(), dtype::bf16, {8, 64, 32});
+        w.gate_up = tensor_view(w13.data(), dtype::bf16, {8, 64, 64});
+        w.down = tensor_view(w2.data(), dtype::bf16, {8, 64, 32});
       },
-      "weights.w13_blocks");
+      "weights.gate_up_blocks");
   expect_weights_rejected(
       [&](moe_weights& w) {
         w.format = weight_format::bf16;
-        w.w13_blocks = w.w13_scales = w.w2_blocks = w.w2_scales = tensor_view();
-        w.w13 = tensor_view(w13.data(), dtype::u8, {8, 64, 64});
-        w.w2 = tensor_view(w2.data(), dtype::bf16, {8, 64, 32});
+        w.gate_up_blocks = w.gate_up_scales = w.down_blocks = w.down_scales = tensor_view();
+        w.gate_up = tensor_view(w13.data(), dtype::u8, {8, 64, 64});
+        w.down = tensor_view(w2.data(), dtype::bf16, {8, 64, 32});
       },
-      "weights.w13");
+      "weights.gate_up");
 }
 
 TEST_F(MoeBadInput, ConfigErrorsReachMoeForward) {

@@ -100,8 +100,8 @@ TEST(Checkpoint, BothBf16LayoutsReadToTheSameInterleavedExpert) {
     EXPECT_EQ(info->shape.hidden, 64);
     EXPECT_EQ(info->shape.intermediate, 96);
   }
-  EXPECT_FALSE(la[0].b13.empty());
-  EXPECT_TRUE(la[0].b2.empty());
+  EXPECT_FALSE(la[0].gate_up_bias.empty());
+  EXPECT_TRUE(la[0].down_bias.empty());
   EXPECT_EQ(la[0].router_weight, "model.layers.2.mlp.router.weight");
   EXPECT_EQ(lb[0].router_weight, "model.layers.5.mlp.gate.weight");
   EXPECT_EQ(lb[0].expert_tensors.size(), 9u);
@@ -125,7 +125,7 @@ TEST(Checkpoint, BothBf16LayoutsReadToTheSameInterleavedExpert) {
 
   std::vector<uint16_t> w13, w2;
   const moe_weights w = checkpoint::bf16_weights(b, lb[0], w13, w2);
-  EXPECT_EQ(w.w13.shape, (std::vector<int64_t>{3, 192, 64}));
+  EXPECT_EQ(w.gate_up.shape, (std::vector<int64_t>{3, 192, 64}));
   EXPECT_EQ(bf16_to_float(w13[static_cast<size_t>((2 * 192 + rows.checkpoint_row(4, 1)) * 64 + 9)]),
             l.up[static_cast<size_t>((2 * 96 + 4) * 64 + 9)]);
   fs::remove_all(d);
@@ -191,9 +191,9 @@ TEST(Checkpoint, Mxfp4LayerWrittenFromDeclsReadsBackAsWeights) {
   EXPECT_EQ(info.shape.intermediate, 32);
   const moe_weights w = checkpoint::mxfp4_weights(r, info);
   EXPECT_EQ(w.format, weight_format::mxfp4);
-  EXPECT_EQ(w.w13_blocks.shape, decls[0].shape);
-  EXPECT_EQ(w.w2_scales.shape, decls[3].shape);
-  EXPECT_TRUE(w.b13.empty());
+  EXPECT_EQ(w.gate_up_blocks.shape, decls[0].shape);
+  EXPECT_EQ(w.down_scales.shape, decls[3].shape);
+  EXPECT_TRUE(w.gate_up_bias.empty());
   EXPECT_EQ(checkpoint::gate_up_geometry(s).block_bytes(), 2 * 64 * 32);
   fs::remove_all(d);
 }

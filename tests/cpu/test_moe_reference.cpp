@@ -36,7 +36,7 @@ std::vector<double> plain_moe(const moe_problem& p, const std::vector<int32_t>& 
     for (int64_t s = 0; s < k; ++s) {
       const int64_t e = ids[static_cast<size_t>(t * k + s)];
       for (int64_t r = 0; r < 2 * in; ++r) {
-        double acc = p.b13.empty() ? 0.0 : p.b13[static_cast<size_t>(e * 2 * in + r)];
+        double acc = p.gate_up_bias.empty() ? 0.0 : p.gate_up_bias[static_cast<size_t>(e * 2 * in + r)];
         for (int64_t c = 0; c < h; ++c)
           acc += static_cast<double>(p.x[static_cast<size_t>(t * h + c)]) * w13[static_cast<size_t>((e * 2 * in + r) * h + c)];
         h13[static_cast<size_t>(r)] = acc;
@@ -45,7 +45,7 @@ std::vector<double> plain_moe(const moe_problem& p, const std::vector<int32_t>& 
         act[static_cast<size_t>(j)] = activation_formula(h13[static_cast<size_t>(rows.checkpoint_row(j, 0))],
                                                          h13[static_cast<size_t>(rows.checkpoint_row(j, 1))], p.cfg.activation);
       for (int64_t n = 0; n < h; ++n) {
-        double y = p.b2.empty() ? 0.0 : p.b2[static_cast<size_t>(e * h + n)];
+        double y = p.down_bias.empty() ? 0.0 : p.down_bias[static_cast<size_t>(e * h + n)];
         for (int64_t j = 0; j < in; ++j) y += act[static_cast<size_t>(j)] * w2[static_cast<size_t>((e * h + n) * in + j)];
         out[static_cast<size_t>(t * h + n)] += static_cast<double>(wts[static_cast<size_t>(t * k + s)]) * y;
       }
@@ -123,9 +123,9 @@ TEST(MoeReference, Mxfp4EqualsBf16OnTheDequantizedWeights) {
 
   moe_weights bf = p.weights();
   bf.format = weight_format::bf16;
-  bf.w13_blocks = bf.w13_scales = bf.w2_blocks = bf.w2_scales = tensor_view();
-  bf.w13 = tensor_view(w13_bf.data(), dtype::bf16, {p.e(), 2 * p.i(), p.h()});
-  bf.w2 = tensor_view(w2_bf.data(), dtype::bf16, {p.e(), p.h(), p.i()});
+  bf.gate_up_blocks = bf.gate_up_scales = bf.down_blocks = bf.down_scales = tensor_view();
+  bf.gate_up = tensor_view(w13_bf.data(), dtype::bf16, {p.e(), 2 * p.i(), p.h()});
+  bf.down = tensor_view(w2_bf.data(), dtype::bf16, {p.e(), p.h(), p.i()});
   for (cpu::precision prec : {cpu::precision::f64, cpu::precision::f32})
     EXPECT_TRUE(bitwise_equal(run(p, p.precomputed(), bf, p.cfg, prec), run(p, prec)));
 }
@@ -144,13 +144,13 @@ TEST(MoeReference, GateUpOrderIsARowPermutation) {
       int is_up;
       to.split_checkpoint_row(r, &j, &is_up);
       const int64_t src = from.checkpoint_row(j, is_up);
-      std::copy_n(&cat.w13_blocks[static_cast<size_t>(g.code_offset(e, src, 0).byte)], g.row_bytes(),
-                  &inter.w13_blocks[static_cast<size_t>(g.code_offset(e, r, 0).byte)]);
-      std::copy_n(&cat.w13_scales[static_cast<size_t>(g.scale_offset(e, src, 0))], g.scale_cols(),
-                  &inter.w13_scales[static_cast<size_t>(g.scale_offset(e, r, 0))]);
-      inter.b13[static_cast<size_t>(e * 2 * cat.i() + r)] = cat.b13[static_cast<size_t>(e * 2 * cat.i() + src)];
+      std::copy_n(&cat.gate_up_blocks[static_cast<size_t>(g.code_offset(e, src, 0).byte)], g.row_bytes(),
+                  &inter.gate_up_blocks[static_cast<size_t>(g.code_offset(e, r, 0).byte)]);
+      std::copy_n(&cat.gate_up_scales[static_cast<size_t>(g.scale_offset(e, src, 0))], g.scale_cols(),
+                  &inter.gate_up_scales[static_cast<size_t>(g.scale_offset(e, r, 0))]);
+      inter.gate_up_bias[static_cast<size_t>(e * 2 * cat.i() + r)] = cat.gate_up_bias[static_cast<size_t>(e * 2 * cat.i() + src)];
     }
-  ASSERT_NE(inter.w13_blocks, cat.w13_blocks);
+  ASSERT_NE(inter.gate_up_blocks, cat.gate_up_blocks);
   for (cpu::precision prec : {cpu::precision::f64, cpu::precision::f32})
     EXPECT_TRUE(bitwise_equal(run(inter, prec), run(cat, prec)));
   // The order matters: reading the permuted weights as concatenated gives something else.
@@ -162,9 +162,9 @@ TEST(MoeReference, GateUpOrderIsARowPermutation) {
 TEST(MoeReference, BiasesAreAddedOnBothGemms) {
   moe_problem p = make_problem(4, 64, 32, 5, 2, activation_kind::silu_mul, layout::gate_up_order::concatenated, true, 21);
   const std::vector<float> with = run(p, cpu::precision::f64);
-  for (auto* bias : {&p.b13, &p.b2}) {
+  for (auto* bias : {&p.gate_up_bias, &p.down_bias}) {
     moe_problem q = p;
-    bias == &p.b13 ? q.b13.clear() : q.b2.clear();
+    bias == &p.gate_up_bias ? q.gate_up_bias.clear() : q.down_bias.clear();
     const std::vector<double> want = plain_moe(q, q.ids, q.route_weights);
     EXPECT_LT(rel_l2(run(q, cpu::precision::f64), want), 1e-7);
     EXPECT_GT(rel_l2(with, want), 1e-3) << "the bias changed nothing";
@@ -175,14 +175,14 @@ TEST(MoeReference, Gemm2BiasIsScaledByTheRoutingWeight) {
   // Zero x and no GEMM1 bias: h = 0, act = 0, so out = Σ_s w_s b2[e_s].
   moe_problem p = make_problem(4, 64, 32, 3, 2, activation_kind::silu_mul, layout::gate_up_order::concatenated, true, 4);
   std::fill(p.x.begin(), p.x.end(), 0.0f);
-  std::fill(p.b13.begin(), p.b13.end(), 0.0f);
+  std::fill(p.gate_up_bias.begin(), p.gate_up_bias.end(), 0.0f);
   const std::vector<float> out = run(p, cpu::precision::f64);
   for (int64_t t = 0; t < p.tokens; ++t)
     for (int64_t n = 0; n < p.h(); ++n) {
       double want = 0.0;
       for (int64_t s = 0; s < p.k(); ++s)
         want += static_cast<double>(p.route_weights[static_cast<size_t>(t * p.k() + s)]) *
-                p.b2[static_cast<size_t>(p.ids[static_cast<size_t>(t * p.k() + s)] * p.h() + n)];
+                p.down_bias[static_cast<size_t>(p.ids[static_cast<size_t>(t * p.k() + s)] * p.h() + n)];
       EXPECT_NEAR(out[static_cast<size_t>(t * p.h() + n)], want, 1e-6 * (1.0 + std::fabs(want)));
     }
 }
@@ -259,8 +259,8 @@ std::vector<float> activation_through_layer(const std::vector<float>& gate, cons
   }
   moe_weights w;
   w.format = weight_format::bf16;
-  w.w13 = tensor_view(w13.data(), dtype::bf16, {1, 2 * n, n});
-  w.w2 = tensor_view(w2.data(), dtype::bf16, {1, n, n});
+  w.gate_up = tensor_view(w13.data(), dtype::bf16, {1, 2 * n, n});
+  w.down = tensor_view(w2.data(), dtype::bf16, {1, n, n});
   std::vector<float> x(static_cast<size_t>(n), 0.0f), out(static_cast<size_t>(n), -1.0f);
   x[0] = 1.0f;
   const int32_t id = 0;

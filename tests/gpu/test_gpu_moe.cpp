@@ -33,12 +33,12 @@ struct host_moe {
     const int64_t E = cfg.shape.experts, H = cfg.shape.hidden, I = cfg.shape.intermediate;
     moe_weights w;
     w.format = weight_format::mxfp4;
-    w.w13_blocks = tensor_view(b13.data(), dtype::u8, {E, 2 * I, H / 32, 16});
-    w.w13_scales = tensor_view(s13.data(), dtype::u8, {E, 2 * I, H / 32});
-    w.w2_blocks = tensor_view(b2.data(), dtype::u8, {E, H, I / 32, 16});
-    w.w2_scales = tensor_view(s2.data(), dtype::u8, {E, H, I / 32});
-    if (!bias13.empty()) w.b13 = tensor_view(bias13.data(), dtype::bf16, {E, 2 * I});
-    if (!bias2.empty()) w.b2 = tensor_view(bias2.data(), dtype::bf16, {E, H});
+    w.gate_up_blocks = tensor_view(b13.data(), dtype::u8, {E, 2 * I, H / 32, 16});
+    w.gate_up_scales = tensor_view(s13.data(), dtype::u8, {E, 2 * I, H / 32});
+    w.down_blocks = tensor_view(b2.data(), dtype::u8, {E, H, I / 32, 16});
+    w.down_scales = tensor_view(s2.data(), dtype::u8, {E, H, I / 32});
+    if (!bias13.empty()) w.gate_up_bias = tensor_view(bias13.data(), dtype::bf16, {E, 2 * I});
+    if (!bias2.empty()) w.down_bias = tensor_view(bias2.data(), dtype::bf16, {E, H});
     if (!correction.empty()) w.correction_bias = tensor_view(correction.data(), dtype::f32, {E});
     return w;
   }

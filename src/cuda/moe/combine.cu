@@ -1,4 +1,4 @@
-// sm90_moe_combine.cu — out[t, :] = sum over slots j (in slot order) of ybuf[t*k + j, :], the
+// moe/combine.cu — out[t, :] = sum over slots j (in slot order) of ybuf[t*k + j, :], the
 // routing-weighted expert outputs GEMM2 wrote. A fixed order keeps the layer deterministic
 // (no atomics on the output). Dropped slots (id -1) contribute nothing. Each thread owns 8
 // consecutive hidden values: 16-byte loads and stores.
@@ -6,7 +6,7 @@
 
 #include "check.h"
 #include "mxmoe/dtype.h"
-#include "sm90_moe.h"
+#include "kernels.h"
 
 namespace mxmoe::cuda::sm90 {
 namespace {

@@ -1,6 +1,6 @@
 // Internal interface between the MoE host launcher (moe_layer.cu) and the sm_90a device code:
-// routing + scheduling (sm90_moe_routing.cu), weight repacking (sm90_moe_repack.cu), the grouped
-// GEMMs (sm90_moe_gemm_*.cu) and the combine (sm90_moe_combine.cu).
+// routing + scheduling (routing.cu), weight repacking (repack.cu), the grouped
+// GEMMs (gemm_*.cu) and the combine (combine.cu).
 //
 // Data flow of one forward (T tokens, k slots, E experts; "pair" p = t*k + j):
 //   route / import ids  -> ids[p], weights[p], counts[e] (atomics), pos[p] (rank within expert)

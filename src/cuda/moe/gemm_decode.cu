@@ -1,6 +1,6 @@
-// sm90_moe_gemm_decode.cu — the MoE grouped GEMM instantiated for memory-bound decode (few
+// moe/gemm_decode.cu — the MoE grouped GEMM instantiated for memory-bound decode (few
 // tokens per expert): 4 warps x 16 rows, 8 cp.async stages in flight to cover DRAM latency.
-#include "sm90_moe_gemm.cuh"
+#include "gemm.cuh"
 
 namespace mxmoe::cuda::sm90 {
 

@@ -1,4 +1,4 @@
-// sm90_moe_routing.cu — routing and the expert-grouped tile schedule of the MoE layer.
+// moe/routing.cu — routing and the expert-grouped tile schedule of the MoE layer.
 //
 // route:    one warp per token; each lane holds up to 16 of the E <= 512 logits. Top-k by k
 //           rounds of a warp arg-max (ties: lower expert index), then the routing kind's
@@ -17,7 +17,7 @@
 #include <cub/block/block_scan.cuh>
 
 #include "check.h"
-#include "sm90_moe.h"
+#include "kernels.h"
 
 namespace mxmoe::cuda::sm90 {
 namespace {

@@ -1,6 +1,6 @@
-// sm90_moe_gemm_large.cu — the MoE grouped GEMM instantiated for prefill: 8 warps of 32 rows x
+// moe/gemm_large.cu — the MoE grouped GEMM instantiated for prefill: 8 warps of 32 rows x
 // 64 tokens (16 mmas per A fragment pair and k16 step).
-#include "sm90_moe_gemm.cuh"
+#include "gemm.cuh"
 
 namespace mxmoe::cuda::sm90 {
 

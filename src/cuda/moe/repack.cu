@@ -1,4 +1,4 @@
-// sm90_moe_repack.cu — checkpoint layout -> sm90 fragment layout, one expert per launch, on the
+// moe/repack.cu — checkpoint layout -> sm90 fragment layout, one expert per launch, on the
 // device. Every output byte is computed from the layout header's inverse maps
 // (layout::sm90_fragment::code_coord / scale_coord, layout::gate_up_rows) and the checkpoint
 // offsets (layout::checkpoint_mxfp4): no layout is restated here. Padding gets code 0 and scale
@@ -7,7 +7,7 @@
 
 #include "check.h"
 #include "mxmoe/layout.h"
-#include "sm90_moe.h"
+#include "kernels.h"
 
 namespace mxmoe::cuda::sm90 {
 namespace {

@@ -1,4 +1,4 @@
-// sm90_moe_gemm.cuh — the expert-grouped W4A16 GEMM of the MoE layer (both GEMMs), sm_90a.
+// moe/gemm.cuh — the expert-grouped W4A16 GEMM of the MoE layer (both GEMMs), sm_90a.
 //
 // C[rows, tokens] = W_e[rows, K] · B[tokens, K]ᵀ for each scheduled tile (expert e, up to BN
 // sorted token-expert pairs). The MXFP4 weights are the M operand (A, from registers), the bf16
@@ -41,7 +41,7 @@
 #include "mxmoe/dtype.h"
 #include "mxmoe/layout.h"
 #include "mxmoe/mx.h"
-#include "sm90_moe.h"
+#include "kernels.h"
 
 namespace mxmoe::cuda::sm90 {
 

@@ -1,6 +1,6 @@
-// moe_layer.cu — host side of the sm_90a MoE layer: validation, weight preparation (checkpoint
+// moe/moe_layer.cu — host side of the sm_90a MoE layer: validation, weight preparation (checkpoint
 // layout -> kernel layout, one expert at a time), workspace planning and the launch sequence of
-// one forward (see sm90_moe.h for the data flow). Launchers validate; kernels assume.
+// one forward (see kernels.h for the data flow). Launchers validate; kernels assume.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -13,7 +13,7 @@
 #include "mxmoe/error.h"
 #include "mxmoe/layout.h"
 #include "mxmoe/validate.h"
-#include "sm90_moe.h"
+#include "kernels.h"
 
 namespace mxmoe::cuda {
 namespace {
@@ -129,7 +129,7 @@ moe_layer::moe_layer(const moe_weights& w, const moe_config& cfg) : impl_(std::m
 
   // One expert at a time: temporary device memory is one expert's checkpoint bytes.
   const layout::checkpoint_mxfp4 ck13{E, 2 * I, H}, ck2{E, H, I};
-  const bool on_device = w.w13_blocks.device == device_kind::cuda;
+  const bool on_device = w.gate_up_blocks.device == device_kind::cuda;
   device_buffer stage_b13, stage_s13, stage_b2, stage_s2;
   if (!on_device) {
     stage_b13 = device_buffer(static_cast<size_t>(2 * I * ck13.row_bytes()));
@@ -139,10 +139,10 @@ moe_layer::moe_layer(const moe_weights& w, const moe_config& cfg) : impl_(std::m
   }
   const layout::gate_up_rows gate_up{I, cfg.gate_up};
   for (int64_t e = 0; e < E; ++e) {
-    const uint8_t* b13 = w.w13_blocks.as<const uint8_t>() + e * 2 * I * ck13.row_bytes();
-    const uint8_t* s13 = w.w13_scales.as<const uint8_t>() + e * 2 * I * ck13.scale_cols();
-    const uint8_t* b2 = w.w2_blocks.as<const uint8_t>() + e * H * ck2.row_bytes();
-    const uint8_t* s2 = w.w2_scales.as<const uint8_t>() + e * H * ck2.scale_cols();
+    const uint8_t* b13 = w.gate_up_blocks.as<const uint8_t>() + e * 2 * I * ck13.row_bytes();
+    const uint8_t* s13 = w.gate_up_scales.as<const uint8_t>() + e * 2 * I * ck13.scale_cols();
+    const uint8_t* b2 = w.down_blocks.as<const uint8_t>() + e * H * ck2.row_bytes();
+    const uint8_t* s2 = w.down_scales.as<const uint8_t>() + e * H * ck2.scale_cols();
     if (!on_device) {
       stage_b13.upload(b13, stage_b13.size());
       stage_s13.upload(s13, stage_s13.size());
@@ -163,16 +163,16 @@ moe_layer::moe_layer(const moe_weights& w, const moe_config& cfg) : impl_(std::m
   }
   MXMOE_CUDA_CHECK(cudaDeviceSynchronize());
 
-  if (!w.b13.empty()) {  // to kernel row order, float
-    const std::vector<float> b = host_floats(w.b13);
+  if (!w.gate_up_bias.empty()) {  // to kernel row order, float
+    const std::vector<float> b = host_floats(w.gate_up_bias);
     std::vector<float> k(b.size());
     for (int64_t e = 0; e < E; ++e)
       for (int64_t r = 0; r < 2 * I; ++r) k[e * 2 * I + r] = b[e * 2 * I + gate_up.kernel_to_checkpoint(r)];
     m.bias13 = device_buffer(k.size() * 4);
     m.bias13.upload(k.data(), k.size() * 4);
   }
-  if (!w.b2.empty()) {
-    const std::vector<float> b = host_floats(w.b2);
+  if (!w.down_bias.empty()) {
+    const std::vector<float> b = host_floats(w.down_bias);
     m.bias2 = device_buffer(b.size() * 4);
     m.bias2.upload(b.data(), b.size() * 4);
   }

@@ -1,6 +1,6 @@
-// Picks one of the GEMM instantiations (sm90_moe_gemm.cuh) at run time.
+// Picks one of the GEMM instantiations (gemm.cuh) at run time.
 #include "check.h"
-#include "sm90_moe_gemm.cuh"
+#include "gemm.cuh"
 
 namespace mxmoe::cuda::sm90 {
 

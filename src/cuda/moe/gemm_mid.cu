@@ -1,6 +1,6 @@
-// sm90_moe_gemm_mid.cu — the MoE grouped GEMM instantiated for the 64-token transition:
-// 8 warps of 32 rows x 32 tokens. The tile shape is mid_tile in sm90_moe_gemm.cuh.
-#include "sm90_moe_gemm.cuh"
+// moe/gemm_mid.cu — the MoE grouped GEMM instantiated for the 64-token transition:
+// 8 warps of 32 rows x 32 tokens. The tile shape is mid_tile in gemm.cuh.
+#include "gemm.cuh"
 
 namespace mxmoe::cuda::sm90 {
 
