@@ -33,15 +33,16 @@
 #include <utility>
 
 #include <cute/arch/copy_sm75.hpp>
-#include <cute/arch/copy_sm80.hpp>
 #include <cute/arch/mma_sm80.hpp>
-#include <cute/arch/mma_sm90_gmma.hpp>
 
 #include "mxmoe/activation.h"
 #include "mxmoe/dtype.h"
 #include "mxmoe/layout.h"
 #include "mxmoe/mx.h"
+
+#include "dequant.cuh"
 #include "kernels.h"
+#include "mma.cuh"
 
 namespace mxmoe::cuda::sm90 {
 
@@ -78,77 +79,6 @@ void launch_gemm_mid(const gemm_weights&, const uint16_t*, const moe_workspace&,
                      const activation_config&, int64_t, cudaStream_t);
 void launch_gemm_large(const gemm_weights&, const uint16_t*, const moe_workspace&, int, epilogue_kind,
                        const activation_config&, int64_t, cudaStream_t);
-
-namespace detail {
-
-__device__ __forceinline__ uint32_t bf16x2_mul(uint32_t a, uint32_t b) {
-  uint32_t d;
-  asm("mul.rn.bf16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b));
-  return d;
-}
-
-__device__ __forceinline__ void cp_async_16(void* smem, const void* gmem, bool pred) {
-  cute::SM80_CP_ASYNC_CACHEGLOBAL_ZFILL<cute::uint128_t>::copy(
-      *static_cast<const cute::uint128_t*>(gmem), *static_cast<cute::uint128_t*>(smem), pred);
-}
-
-// A lane's four bf16x2 A registers for each k16 step of one fragment tile, dequantized.
-// word j of `codes` is k16 step j; `scales` bytes: (g, kb0), (g+8, kb0), (g, kb1), (g+8, kb1).
-__device__ __forceinline__ void dequant_fragment(uint4 codes, uint32_t scales, uint32_t (&a)[4][4]) {
-  const uint32_t w[4] = {codes.x, codes.y, codes.z, codes.w};
-  // Common case: every scale byte in [1, 128], so 2^(s-1) is a normal bf16 and one multiply
-  // by it applies both the 2^126 of the code conversion and the block scale.
-  if (((__vsub4(scales, 0x01010101u)) & 0x80808080u) == 0) {
-    uint32_t m[4];
-#pragma unroll
-    for (int q = 0; q < 4; ++q) m[q] = (((scales >> (8 * q)) & 0xFFu) + 126u) * 0x00800080u;
-#pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      const uint32_t lo = m[(j >> 1) * 2], hi = m[(j >> 1) * 2 + 1];
-      a[j][0] = bf16x2_mul(mx::e2m1x2_to_bf16x2_pow2m126(w[j], 0), lo);
-      a[j][1] = bf16x2_mul(mx::e2m1x2_to_bf16x2_pow2m126(w[j], 4), hi);
-      a[j][2] = bf16x2_mul(mx::e2m1x2_to_bf16x2_pow2m126(w[j], 8), lo);
-      a[j][3] = bf16x2_mul(mx::e2m1x2_to_bf16x2_pow2m126(w[j], 12), hi);
-    }
-  } else {
-    const uint32_t c126 = static_cast<uint32_t>(mx::kBf16Pow2_126) * 0x00010001u;
-    uint32_t m[4];
-#pragma unroll
-    for (int q = 0; q < 4; ++q) m[q] = mx::e8m0_to_bf16_bits(static_cast<uint8_t>(scales >> (8 * q))) * 0x00010001u;
-#pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      const uint32_t lo = m[(j >> 1) * 2], hi = m[(j >> 1) * 2 + 1];
-#pragma unroll
-      for (int r = 0; r < 4; ++r)
-        a[j][r] = bf16x2_mul(bf16x2_mul(mx::e2m1x2_to_bf16x2_pow2m126(w[j], 4 * r), c126), (r & 1) ? hi : lo);
-    }
-  }
-}
-
-// wgmma descriptor of a K-major, 128-byte-swizzled bf16 tile (8-row atoms 1024 bytes apart).
-__device__ __forceinline__ uint64_t sw128_desc(const void* smem) {
-  const uint32_t addr = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
-  return static_cast<uint64_t>((addr & 0x3FFFFu) >> 4) | (uint64_t{1} << 16) | (uint64_t{1024 >> 4} << 32) |
-         (uint64_t{1} << 62);
-}
-
-template <int BN>
-struct wgmma_rs;
-template <>
-struct wgmma_rs<64> {
-  using op = cute::SM90::GMMA::MMA_64x64x16_F32BF16BF16_RS<cute::SM90::GMMA::Major::K, cute::SM90::GMMA::Major::K>;
-};
-template <>
-struct wgmma_rs<128> {
-  using op = cute::SM90::GMMA::MMA_64x128x16_F32BF16BF16_RS<cute::SM90::GMMA::Major::K, cute::SM90::GMMA::Major::K>;
-};
-
-template <int BN, size_t... I>
-__device__ __forceinline__ void wgmma_call(const uint32_t (&a)[4], uint64_t desc, float* d, std::index_sequence<I...>) {
-  wgmma_rs<BN>::op::fma(a[0], a[1], a[2], a[3], desc, d[I]...);
-}
-
-}  // namespace detail
 
 template <class Cfg>
 __device__ __forceinline__ void gemm_tile_body(uint8_t* smem, const tile_desc td, const gemm_weights& w,

@@ -1,0 +1,44 @@
+// moe/mma.cuh — the tensor-core and copy primitives the MoE GEMMs issue: cp.async with zero
+// fill, the wgmma shared-memory descriptor of a 128-byte-swizzled K-major bf16 tile, and the
+// wgmma m64nNk16 (A from registers) calls, through CuTe's wrappers.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <utility>
+
+#include <cute/arch/copy_sm80.hpp>
+#include <cute/arch/mma_sm90_gmma.hpp>
+
+namespace mxmoe::cuda::sm90::detail {
+
+__device__ __forceinline__ void cp_async_16(void* smem, const void* gmem, bool pred) {
+  cute::SM80_CP_ASYNC_CACHEGLOBAL_ZFILL<cute::uint128_t>::copy(
+      *static_cast<const cute::uint128_t*>(gmem), *static_cast<cute::uint128_t*>(smem), pred);
+}
+
+// wgmma descriptor of a K-major, 128-byte-swizzled bf16 tile (8-row atoms 1024 bytes apart).
+__device__ __forceinline__ uint64_t sw128_desc(const void* smem) {
+  const uint32_t addr = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
+  return static_cast<uint64_t>((addr & 0x3FFFFu) >> 4) | (uint64_t{1} << 16) | (uint64_t{1024 >> 4} << 32) |
+         (uint64_t{1} << 62);
+}
+
+template <int BN>
+struct wgmma_rs;
+template <>
+struct wgmma_rs<64> {
+  using op = cute::SM90::GMMA::MMA_64x64x16_F32BF16BF16_RS<cute::SM90::GMMA::Major::K, cute::SM90::GMMA::Major::K>;
+};
+template <>
+struct wgmma_rs<128> {
+  using op = cute::SM90::GMMA::MMA_64x128x16_F32BF16BF16_RS<cute::SM90::GMMA::Major::K, cute::SM90::GMMA::Major::K>;
+};
+
+template <int BN, size_t... I>
+__device__ __forceinline__ void wgmma_call(const uint32_t (&a)[4], uint64_t desc, float* d, std::index_sequence<I...>) {
+  wgmma_rs<BN>::op::fma(a[0], a[1], a[2], a[3], desc, d[I]...);
+}
+
+}  // namespace mxmoe::cuda::sm90::detail
