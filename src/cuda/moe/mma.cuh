@@ -1,6 +1,8 @@
 // moe/mma.cuh — the tensor-core and copy primitives the MoE GEMMs issue: cp.async with zero
-// fill, the wgmma shared-memory descriptor of a 128-byte-swizzled K-major bf16 tile, and the
-// wgmma m64nNk16 (A from registers) calls, through CuTe's wrappers.
+// fill, streaming weight loads into registers (read-only path, no L1 allocation, L2 evict-first:
+// weights are read once per forward and should not push the activations out of L2), ldmatrix by
+// shared address, the wgmma shared-memory descriptor of a 128-byte-swizzled K-major bf16 tile,
+// and the wgmma m64nNk16 (A from registers) calls, through CuTe's wrappers.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -16,6 +18,35 @@ namespace mxmoe::cuda::sm90::detail {
 __device__ __forceinline__ void cp_async_16(void* smem, const void* gmem, bool pred) {
   cute::SM80_CP_ASYNC_CACHEGLOBAL_ZFILL<cute::uint128_t>::copy(
       *static_cast<const cute::uint128_t*>(gmem), *static_cast<cute::uint128_t*>(smem), pred);
+}
+
+// An L2 policy that evicts the lines it touches first.
+__device__ __forceinline__ uint64_t l2_evict_first_policy() {
+  uint64_t p;
+  asm("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(p));
+  return p;
+}
+
+// 16 / 4 bytes of read-only global memory (weights) into registers. Not volatile: the weights
+// are never written, so the compiler may schedule these freely.
+__device__ __forceinline__ uint4 ldg_stream_v4(const void* p, uint64_t policy) {
+  uint4 v;
+  asm("ld.global.nc.L1::no_allocate.L2::cache_hint.v4.u32 {%0, %1, %2, %3}, [%4], %5;"
+      : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+      : "l"(p), "l"(policy));
+  return v;
+}
+__device__ __forceinline__ uint32_t ldg_stream_u32(const void* p, uint64_t policy) {
+  uint32_t v;
+  asm("ld.global.nc.L1::no_allocate.L2::cache_hint.u32 %0, [%1], %2;" : "=r"(v) : "l"(p), "l"(policy));
+  return v;
+}
+
+// ldmatrix .x4 (four 8x8 b16 matrices; lane l gives the row address of matrix l / 8).
+__device__ __forceinline__ void ldsm_x4(uint32_t smem_addr, uint32_t& r0, uint32_t& r1, uint32_t& r2, uint32_t& r3) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
+               : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3)
+               : "r"(smem_addr));
 }
 
 // wgmma descriptor of a K-major, 128-byte-swizzled bf16 tile (8-row atoms 1024 bytes apart).
