@@ -1,7 +1,6 @@
 // moe/mma.cuh — the tensor-core and copy primitives the MoE GEMMs issue: cp.async with zero
-// fill, streaming weight loads into registers (read-only path, no L1 allocation, L2 evict-first:
-// weights are read once per forward and should not push the activations out of L2), ldmatrix by
-// shared address, the wgmma shared-memory descriptor of a 128-byte-swizzled K-major bf16 tile,
+// fill, cp.async of weights with an L2 evict-first policy (weights are read once per forward and
+// should not push the activations out of L2), ldmatrix by shared address, the wgmma shared-memory descriptor of a 128-byte-swizzled K-major bf16 tile,
 // and the wgmma m64nNk16 (A from registers) calls, through CuTe's wrappers.
 #pragma once
 
@@ -27,19 +26,16 @@ __device__ __forceinline__ uint64_t l2_evict_first_policy() {
   return p;
 }
 
-// 16 / 4 bytes of read-only global memory (weights) into registers. Not volatile: the weights
-// are never written, so the compiler may schedule these freely.
-__device__ __forceinline__ uint4 ldg_stream_v4(const void* p, uint64_t policy) {
-  uint4 v;
-  asm("ld.global.nc.L1::no_allocate.L2::cache_hint.v4.u32 {%0, %1, %2, %3}, [%4], %5;"
-      : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-      : "l"(p), "l"(policy));
-  return v;
+// cp.async of 16 bytes by shared address; with pred false nothing is read and 16 zero bytes land.
+__device__ __forceinline__ void cp_async_16_zfill(uint32_t smem_addr, const void* gmem, bool pred) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(smem_addr), "l"(gmem), "r"(pred ? 16 : 0)
+               : "memory");
 }
-__device__ __forceinline__ uint32_t ldg_stream_u32(const void* p, uint64_t policy) {
-  uint32_t v;
-  asm("ld.global.nc.L1::no_allocate.L2::cache_hint.u32 %0, [%1], %2;" : "=r"(v) : "l"(p), "l"(policy));
-  return v;
+
+// cp.async of 16 bytes of weights (read once per forward) with that L2 policy, bypassing L1.
+__device__ __forceinline__ void cp_async_16_stream(uint32_t smem_addr, const void* gmem, uint64_t policy) {
+  asm volatile("cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %2;" ::"r"(smem_addr), "l"(gmem), "l"(policy)
+               : "memory");
 }
 
 // ldmatrix .x4 (four 8x8 b16 matrices; lane l gives the row address of matrix l / 8).
