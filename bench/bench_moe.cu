@@ -1,5 +1,6 @@
 // bench_moe — command-line front of the MoE layer benchmark (moe_bench.cu).
-//   bench_moe [--shapes a,b] [--tokens 1,8,...] [--iters N] [--json PATH] [--torch-json PATH] [--commit SHA]
+//   bench_moe [--shapes a,b] [--tokens 1,8,...] [--iters N] [--json PATH] [--torch-json PATH] [--peer-json PATH]
+//             [--commit SHA]
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -42,12 +43,14 @@ int main(int argc, char** argv) {
       opt.json_out = need();
     } else if (!std::strcmp(a, "--torch-json")) {
       opt.torch_json = need();
+    } else if (!std::strcmp(a, "--peer-json")) {
+      opt.peer_json = need();
     } else if (!std::strcmp(a, "--commit")) {
       opt.commit = need();
     } else {
       std::fprintf(stderr,
                    "usage: bench_moe [--shapes gpt-oss-120b,qwen3-30b-a3b,kimi-k2] [--tokens 1,8,32,...] "
-                   "[--iters 30] [--json PATH] [--torch-json PATH] [--commit SHA]\n");
+                   "[--iters 30] [--json PATH] [--torch-json PATH] [--peer-json PATH] [--commit SHA]\n");
       return std::strcmp(a, "--help") ? 2 : 0;
     }
   }

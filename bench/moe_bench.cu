@@ -12,6 +12,8 @@
 // Touched experts come from the actual routing of each input set (cpu::route on the same
 // logits). Copy bandwidth is measured here; the bf16 rate comes from the torch run of the same
 // session (bench/torch_baseline.py), which also times the torch BF16 grouped-GEMM layer.
+// --peer-json adds the peer measured the same way in the same session (bench/peer_triton.py:
+// triton_kernels' matmul_ogs as vLLM 0.33.0 runs it): peer_us and mxmoe/peer per point.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -111,6 +113,35 @@ torch_baseline load_torch(const std::string& path) {
   return tb;
 }
 
+// The peer (bench/peer_triton.py): its identity, or why there is none, and its µs per point.
+struct peer_baseline {
+  nlohmann::json info;  // {"name", "version"} or null
+  std::string reason;   // why info is null
+  std::map<std::pair<std::string, int64_t>, double> us;
+};
+
+peer_baseline load_peer(const std::string& path) {
+  peer_baseline pb;
+  if (path.empty()) {
+    pb.reason = "not measured in this run (no --peer-json)";
+    return pb;
+  }
+  std::ifstream f(path);
+  const nlohmann::json j = f ? nlohmann::json::parse(f, nullptr, /*allow_exceptions=*/false) : nlohmann::json();
+  if (!j.is_object()) {
+    pb.reason = "cannot read " + path + " as a JSON object";
+  } else if (!j.value("available", false) || !j.contains("peer") || !j.at("peer").is_object()) {
+    pb.reason = j.value("reason", std::string("the peer reported no results"));
+  } else {
+    pb.info = j.at("peer");
+    for (const auto& r : j.value("rows", nlohmann::json::array()))
+      if (r.is_object() && r.contains("us") && r.at("us").is_number() && r.contains("shape") && r.contains("tokens"))
+        pb.us[{r.at("shape").get<std::string>(), r.at("tokens").get<int64_t>()}] = r.at("us");
+  }
+  if (pb.info.is_null()) std::fprintf(stderr, "bench_moe: no peer column: %s\n", pb.reason.c_str());
+  return pb;
+}
+
 }  // namespace
 
 int run_moe_bench(const moe_bench_options& opt) {
@@ -126,6 +157,7 @@ int run_moe_bench(const moe_bench_options& opt) {
   cudaDeviceGetAttribute(&mem_khz, cudaDevAttrMemoryClockRate, 0);
   const double copy_tbps = measure_copy_tbps();
   const torch_baseline tb = load_torch(opt.torch_json);
+  const peer_baseline pb = load_peer(opt.peer_json);
   std::printf("GPU %s, %d SMs, max SM clock %d MHz, memory clock %d MHz\n", prop.name, prop.multiProcessorCount,
               clock_khz / 1000, mem_khz / 1000);
   std::printf("ceilings this run: copy %.2f TB/s (read+write), bf16 matmul %s\n", copy_tbps,
@@ -133,8 +165,8 @@ int run_moe_bench(const moe_bench_options& opt) {
                                  : "not measured (no --torch-json): floors use bandwidth only");
 
   nlohmann::json rows = nlohmann::json::array();
-  std::printf("%-14s %6s %5s %9s %9s %6s %9s %7s %8s %8s\n", "shape", "T", "touch", "us", "floor_us", "floor%",
-              "torch_us", "speedup", "TFLOP/s", "GB/s");
+  std::printf("%-14s %6s %5s %9s %9s %6s %9s %7s %9s %7s %8s %8s\n", "shape", "T", "touch", "us", "floor_us", "floor%",
+              "torch_us", "speedup", "peer_us", "mx/peer", "TFLOP/s", "GB/s");
   const int64_t max_t = *std::max_element(opt.tokens.begin(), opt.tokens.end());
   constexpr int kSets = 4;
   cuda::device_buffer flush(size_t{256} << 20);
@@ -243,13 +275,17 @@ int run_moe_bench(const moe_bench_options& opt) {
       const double floor_us = std::max(floor_bw, floor_fl);
       const auto it_t = tb.us.find({name, T});
       const double torch_us = it_t == tb.us.end() ? 0.0 : it_t->second;
-      std::printf("%-14s %6lld %5.0f %9.1f %9.1f %5.0f%% %9.1f %6.2fx %8.1f %8.0f\n", name.c_str(),
+      const auto it_p = pb.us.find({name, T});
+      const double peer_us = it_p == pb.us.end() ? 0.0 : it_p->second;
+      std::printf("%-14s %6lld %5.0f %9.1f %9.1f %5.0f%% %9.1f %6.2fx %9.1f %7.2f %8.1f %8.0f\n", name.c_str(),
                   static_cast<long long>(T), touched, us, floor_us, 100.0 * floor_us / us, torch_us,
-                  torch_us > 0 ? torch_us / us : 0.0, flops / us * 1e-6, bytes / us * 1e-3);
+                  torch_us > 0 ? torch_us / us : 0.0, peer_us, peer_us > 0 ? us / peer_us : 0.0, flops / us * 1e-6,
+                  bytes / us * 1e-3);
       std::fflush(stdout);
       rows.push_back({{"shape", name}, {"tokens", T}, {"experts", E}, {"topk", k}, {"hidden", H}, {"intermediate", I},
                       {"touched_experts", touched}, {"us", us}, {"floor_us", floor_us},
                       {"torch_bf16_us", torch_us > 0 ? nlohmann::json(torch_us) : nlohmann::json(nullptr)},
+                      {"peer_us", peer_us > 0 ? nlohmann::json(peer_us) : nlohmann::json(nullptr)},
                       {"tflops", flops / us * 1e-6}, {"gbps", bytes / us * 1e-3}});
     }
     cudaEventDestroy(e0);
@@ -261,10 +297,11 @@ int run_moe_bench(const moe_bench_options& opt) {
     char date[16];
     const std::time_t now = std::time(nullptr);
     std::strftime(date, sizeof date, "%Y-%m-%d", std::gmtime(&now));
-    const nlohmann::json j = {{"gpu", prop.name},        {"commit", opt.commit},
-                              {"date", date},            {"copy_tbps", copy_tbps},
-                              {"bf16_tflops", tb.bf16_tflops > 0 ? nlohmann::json(tb.bf16_tflops) : nlohmann::json(nullptr)},
-                              {"rows", rows}};
+    nlohmann::json j = {{"gpu", prop.name},        {"commit", opt.commit},
+                        {"date", date},            {"copy_tbps", copy_tbps},
+                        {"bf16_tflops", tb.bf16_tflops > 0 ? nlohmann::json(tb.bf16_tflops) : nlohmann::json(nullptr)},
+                        {"peer", pb.info},         {"rows", rows}};
+    if (pb.info.is_null()) j["peer_reason"] = pb.reason;
     std::ofstream(opt.json_out) << j.dump(2) << "\n";
   }
   return 0;
