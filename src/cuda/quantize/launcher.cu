@@ -62,18 +62,6 @@ using namespace quant;
 
 std::string str(int64_t v) { return std::to_string(v); }
 
-void check_device_view(const tensor_view& v, const char* name, int device) {
-  MXMOE_CHECK_ARG(v.device == device_kind::cuda, name, "a cuda tensor (mxmoe::cuda backend)", "a cpu tensor");
-  if (v.numel() == 0) return;
-  cudaPointerAttributes attr{};
-  const cudaError_t err = cudaPointerGetAttributes(&attr, v.data);
-  cudaGetLastError();
-  MXMOE_CHECK_ARG(err == cudaSuccess && (attr.type == cudaMemoryTypeDevice || attr.type == cudaMemoryTypeManaged),
-                  name, "a pointer to device memory", "a host or unknown pointer");
-  MXMOE_CHECK_ARG(attr.device == device, name, "memory on the current device " + str(device),
-                  "memory on device " + str(attr.device));
-}
-
 bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
 int64_t total_blocks_of(const tensor_view& v) {
@@ -128,12 +116,6 @@ scale_index make_scale_index(const tensor_view& values, scale_layout layout) {
 void check_block_count(const tensor_view& values, const char* name) {
   MXMOE_CHECK_ARG(total_blocks_of(values) <= INT_MAX, name,
                   "at most " + str(INT_MAX) + " MX blocks (2^31 - 1) per call", str(total_blocks_of(values)) + " blocks");
-}
-
-int current_device() {
-  int dev = 0;
-  MXMOE_CUDA_CHECK(cudaGetDevice(&dev));
-  return dev;
 }
 
 // CTAs for a grid-stride kernel: enough to fill the GPU, no more than the work needs.
