@@ -101,19 +101,7 @@ void for_each_chunk(int64_t chunks, int threads, const Fn& fn) {
 }
 
 void load_block(const tensor_view& x, int64_t offset, float* dst) {
-  switch (x.type) {
-    case dtype::bf16: {
-      const uint16_t* p = x.as<const uint16_t>() + offset;
-      for (int i = 0; i < mx::kBlockSize; ++i) dst[i] = bf16_to_float(p[i]);
-      break;
-    }
-    case dtype::f16: {
-      const uint16_t* p = x.as<const uint16_t>() + offset;
-      for (int i = 0; i < mx::kBlockSize; ++i) dst[i] = f16_to_float(p[i]);
-      break;
-    }
-    default: std::copy_n(x.as<const float>() + offset, mx::kBlockSize, dst); break;
-  }
+  for (int i = 0; i < mx::kBlockSize; ++i) dst[i] = load_float(x.data, x.type, offset + i);
 }
 
 void store_block(const float* src, const tensor_view& out, int64_t offset) {

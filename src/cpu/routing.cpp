@@ -26,10 +26,7 @@ namespace {
 
 constexpr int64_t kMaxExperts = 512;
 
-double element(const tensor_view& v, int64_t i) {
-  return v.type == dtype::bf16 ? static_cast<double>(bf16_to_float(v.as<const uint16_t>()[i]))
-                               : static_cast<double>(v.as<const float>()[i]);
-}
+double element(const tensor_view& v, int64_t i) { return static_cast<double>(load_float(v.data, v.type, i)); }
 
 void check_host(const tensor_view& v, const char* name) {
   MXMOE_CHECK_ARG(v.device == device_kind::cpu, name, "a tensor in host (cpu) memory", "a cuda tensor");

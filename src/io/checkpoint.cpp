@@ -12,28 +12,6 @@
 namespace mxmoe::checkpoint {
 namespace {
 
-bool is_float_type(dtype t) { return t == dtype::bf16 || t == dtype::f16 || t == dtype::f32; }
-
-float load_float(const uint8_t* base, dtype t, int64_t i) {
-  switch (t) {
-    case dtype::bf16: {
-      uint16_t h;
-      std::memcpy(&h, base + 2 * i, 2);
-      return bf16_to_float(h);
-    }
-    case dtype::f16: {
-      uint16_t h;
-      std::memcpy(&h, base + 2 * i, 2);
-      return f16_to_float(h);
-    }
-    default: {
-      float f;
-      std::memcpy(&f, base + 4 * i, 4);
-      return f;
-    }
-  }
-}
-
 // The entry `name` with a float type (or exactly `type` when given) and `shape`.
 const safetensors_entry& need(const safetensors_reader& file, const std::string& name, const std::vector<int64_t>& shape,
                               bool want_float, dtype type = dtype::u8) {
