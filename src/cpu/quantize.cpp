@@ -146,7 +146,7 @@ void zero_tiled_padding(const block_map& map, uint8_t* scales) {
 
 quant_stats quantize(const tensor_view& x, mx::scale_rule rule, scale_layout layout, const tensor_view& packed,
                      const tensor_view& scales, int threads) {
-  validate_mx_tensor(x, packed, scales, layout, "x");
+  validate_mx_tensor(x, packed, scales, layout, mx_values::quantize_input);
   check_on_cpu(x, "x");
   check_on_cpu(packed, "packed");
   check_on_cpu(scales, "scales");
@@ -177,7 +177,7 @@ quant_stats quantize(const tensor_view& x, mx::scale_rule rule, scale_layout lay
 
 void dequantize(const tensor_view& packed, const tensor_view& scales, scale_layout layout, const tensor_view& out,
                 int threads) {
-  validate_mx_tensor(out, packed, scales, layout, "out");
+  validate_mx_tensor(out, packed, scales, layout, mx_values::dequantize_output);
   check_on_cpu(packed, "packed");
   check_on_cpu(scales, "scales");
   check_on_cpu(out, "out");

@@ -481,6 +481,46 @@ TEST(ScaleRules, MseIsNeverWorseThanAnyOtherRule) {
   for (int r = 0; r < 3; ++r) EXPECT_GT(beats[r], 1000) << mx::to_string(others[r]);
 }
 
+// Every block a rule quantizes (ordinary scale: not NaN, not clamped to 0 or 254, not all zero)
+// has a largest |code| of at least min_block_max_code(rule), and blocks reaching exactly that
+// minimum exist: amax / scale = 4.0 for floor and even, 3.25 for rceil (rounds to 3), and an
+// all-equal power-of-two block for mse (floor and floor + 1 both exact; the tie goes to the larger
+// byte, leaving the amax at code 4 = 2.0).
+TEST(ScaleRules, LargestCodeWindowOfEachRule) {
+  std::mt19937_64 gen(41);
+  std::uniform_real_distribution<double> log_scale(-100.0, 100.0);
+  const auto largest_code = [](const float* x, scale_rule rule, uint8_t* scale) {
+    uint8_t packed[mx::kPackedBlockBytes];
+    mx::quantize_block(x, rule, scale, packed);
+    int m = 0;
+    for (int i = 0; i < mx::kBlockSize; ++i) m = std::max(m, mx::unpack_e2m1(packed[i / 2], i) & 7);
+    return m;
+  };
+  for (scale_rule rule : mx::kAllScaleRules) {
+    SCOPED_TRACE(mx::to_string(rule));
+    const int minimum = mx::min_block_max_code(rule);
+    int reached = 8;
+    for (dist d : {dist::gaussian, dist::laplace, dist::uniform, dist::outliers})
+      for (int b = 0; b < 5000; ++b) {
+        float x[mx::kBlockSize];
+        fill_block(d, gen, x);
+        const float s = static_cast<float>(std::exp2(log_scale(gen)));
+        for (float& v : x) v *= s;
+        uint8_t scale;
+        const int m = largest_code(x, rule, &scale);
+        if (scale == 0 || scale >= 254 || m == 0) continue;
+        ASSERT_GE(m, minimum) << "block " << b;
+        reached = std::min(reached, m);
+      }
+    const float edge = rule == scale_rule::rceil ? 3.25f : (rule == scale_rule::mse ? 1.0f : 4.0f);
+    float x[mx::kBlockSize];
+    std::fill(x, x + mx::kBlockSize, edge);
+    uint8_t scale;
+    reached = std::min(reached, largest_code(x, rule, &scale));
+    EXPECT_EQ(reached, minimum);
+  }
+}
+
 // ---- the kernels' fast E2M1 -> bf16 conversion -----------------------------------------------
 
 // For every code, nibble position and scale byte 0..254: bf16(conv) * 2^126 * bf16(scale), in

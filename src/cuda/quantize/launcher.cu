@@ -215,7 +215,7 @@ struct stream_allocation {
 
 void quantize_async(const tensor_view& x, mx::scale_rule rule, scale_layout layout, const tensor_view& packed,
                     const tensor_view& scales, quant_stats* device_stats, void* stream_ptr) {
-  validate_mx_tensor(x, packed, scales, layout, "x");
+  validate_mx_tensor(x, packed, scales, layout, mx_values::quantize_input);
   const int dev = current_device();
   check_device_view(x, "x", dev);
   check_device_view(packed, "packed", dev);
@@ -268,7 +268,7 @@ quant_stats quantize(const tensor_view& x, mx::scale_rule rule, scale_layout lay
 
 void dequantize(const tensor_view& packed, const tensor_view& scales, scale_layout layout, const tensor_view& out,
                 void* stream_ptr) {
-  validate_mx_tensor(out, packed, scales, layout, "out");
+  validate_mx_tensor(out, packed, scales, layout, mx_values::dequantize_output);
   const int dev = current_device();
   check_device_view(packed, "packed", dev);
   check_device_view(scales, "scales", dev);
