@@ -1,4 +1,4 @@
-// The one place that picks a backend: the views' device decides, after validation.
+// The quantize dispatch (include/mxmoe/quantize.h): validates, then the views' device picks the backend.
 #include "mxmoe/cuda.h"
 #include "mxmoe/error.h"
 #include "mxmoe/quantize.h"
