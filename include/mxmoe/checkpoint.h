@@ -101,10 +101,6 @@ struct expert_weights {
 expert_weights read_expert(const safetensors_reader& file, const moe_layer_info& info, int64_t expert,
                            std::vector<uint8_t>& gate_up_buf, std::vector<uint8_t>& down_buf);
 
-// Deprecated: read_expert widened to float32 (kept until the command line calls the library).
-void read_expert_f32(const safetensors_reader& file, const moe_layer_info& info, int64_t expert,
-                     std::vector<float>& w13, std::vector<float>& w2);
-
 // A whole BF16 layer materialised as bf16 [E, 2I, H] (interleaved rows) and [E, H, I] in the
 // given buffers (f16 and f32 weights rounded to bf16), and weights viewing them (biases and router
 // viewing the file). For layers small enough to hold in memory (the reference, tests, the demo).

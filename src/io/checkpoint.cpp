@@ -347,16 +347,6 @@ expert_weights read_expert(const safetensors_reader& file, const moe_layer_info&
   return w;
 }
 
-void read_expert_f32(const safetensors_reader& file, const moe_layer_info& info, int64_t expert, std::vector<float>& w13,
-                     std::vector<float>& w2) {
-  std::vector<uint8_t> gu, dn;
-  const expert_weights x = read_expert(file, info, expert, gu, dn);
-  w13.resize(static_cast<size_t>(x.gate_up.numel()));
-  w2.resize(static_cast<size_t>(x.down.numel()));
-  for (size_t i = 0; i < w13.size(); ++i) w13[i] = load_float(x.gate_up.data, x.gate_up.type, static_cast<int64_t>(i));
-  for (size_t i = 0; i < w2.size(); ++i) w2[i] = load_float(x.down.data, x.down.type, static_cast<int64_t>(i));
-}
-
 moe_weights bf16_weights(const safetensors_reader& file, const moe_layer_info& info, std::vector<uint16_t>& gate_up,
                          std::vector<uint16_t>& down) {
   const int64_t E = info.shape.experts, H = info.shape.hidden, I = info.shape.intermediate;
