@@ -7,7 +7,7 @@
 #   summary.txt        the short table printed last
 # Steps (MXMOE_STEPS, default all): tests sanitize cli quantize torch moe
 #   MXMOE_TOKENS   token counts for the layer benchmark (default 1,8,32,64,128,512,2048,8192,16384)
-#   MXMOE_SHAPES   shapes (default: the six of BRIEF §4)
+#   MXMOE_SHAPES   shapes (default: the six of docs/models.md)
 #   MXMOE_COMMIT   commit recorded in the JSON
 set -uo pipefail
 cd "$(dirname "$0")/.."

@@ -4,7 +4,7 @@
 // Layouts recognised (prefix P = "<anything>layers.{L}.mlp."):
 //   mxfp4_gpt_oss    P experts.gate_up_proj_blocks u8 [E, 2I, H/32, 16], _scales u8 [E, 2I, H/32],
 //                    P experts.down_proj_blocks u8 [E, H, I/32, 16], _scales u8 [E, H, I/32]
-//                    (BRIEF §3; gate_up rows interleaved: even rows gate, odd rows up).
+//                    (docs/formats.md; gate_up rows interleaved: even rows gate, odd rows up).
 //   bf16_gpt_oss     P experts.gate_up_proj [E, H, 2I] (x·W form, gate/up interleaved columns),
 //                    P experts.down_proj [E, I, H].
 //   bf16_per_expert  Qwen3-MoE / DeepSeek: P experts.{e}.gate_proj.weight [I, H],

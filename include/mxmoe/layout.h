@@ -8,7 +8,7 @@
 //   scale_linear       s at n * (K/32) + kb                       (row-major [N, K/32])
 //   scale_tiled_128x4  Blackwell block-scaled MMA / cuBLAS / CUTLASS Sm1xxBlockScaledConfig /
 //                      FlashInfer layout_128x4: rows padded to 128, columns to 4, stored as
-//                      [N/128][K/32/4][32][4][4]  (BRIEF §3; vLLM's untile_cutlass_scale inverts it)
+//                      [N/128][K/32/4][32][4][4]  (docs/formats.md; vLLM's untile_cutlass_scale inverts it)
 //   checkpoint_mxfp4   gpt-oss / HF: blocks [E, N, K/32, 16] u8, scales [E, N, K/32] u8 — i.e.
 //                      row-major packed codes, element 2j low nibble, and linear scales.
 //   checkpoint_xw      gpt-oss BF16 expert weights: dense [E, K, N], the x·W form (W transposed).

@@ -1,7 +1,7 @@
 // Validation of the (values, packed, scales) triple that quantize and dequantize take
 // (include/mxmoe/quantize.h). Every backend calls this before it writes anything; each error
 // names the argument and the shape or dtype it expected. Devices are not checked here: the
-// dispatch (src/dispatch.cpp) and each backend check those.
+// dispatch (src/quantize.cpp) and each backend check those.
 #include <string>
 #include <vector>
 

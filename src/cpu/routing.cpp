@@ -1,5 +1,6 @@
-// CPU routing (BRIEF §4): router logits -> top-k expert ids and weights, and the router GEMM.
-// Everything is computed in float64 and rounded to float32 once, at the end.
+// CPU routing (the kinds of include/mxmoe/moe.h, the models of docs/models.md): router logits ->
+// top-k expert ids and weights, and the router GEMM. Everything is computed in float64 and
+// rounded to float32 once, at the end.
 //
 // Policies, shared with every backend's tests:
 //   * Ties: the lower expert index wins (and the lower group index, for groups).

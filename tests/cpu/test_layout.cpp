@@ -1,8 +1,9 @@
 // Tests of include/mxmoe/layout.h: for every layout, on odd shapes, the inverse undoes every
 // offset and the map is a bijection onto its storage (each slot hit once; padding slots are
 // exactly those whose inverse returns false). A few offsets are pinned as literal numbers worked
-// out by hand from BRIEF §3 and the PTX mma.m16n8k16 A-fragment description, so that a change of
-// formula fails here even if it stays self-consistent.
+// out by hand from the layouts' public descriptions (docs/formats.md: the gpt-oss checkpoint, the
+// cuBLAS / CUTLASS 128x4 scale layout) and the PTX mma.m16n8k16 A-fragment description, so that a
+// change of formula fails here even if it stays self-consistent.
 #include <gtest/gtest.h>
 
 #include <cstdint>
