@@ -71,23 +71,31 @@ prepared_moe::~prepared_moe() = default;
 prepared_moe::prepared_moe(prepared_moe&&) noexcept = default;
 prepared_moe& prepared_moe::operator=(prepared_moe&&) noexcept = default;
 
-device_kind prepared_moe::device() const { return impl_->device; }
-const moe_config& prepared_moe::config() const { return impl_->cfg; }
+const prepared_moe::impl& prepared_moe::state() const {
+  MXMOE_CHECK_ARG(impl_ != nullptr, "layer", "a prepared layer", "an empty (moved-from) prepared_moe");
+  return *impl_;
+}
+
+device_kind prepared_moe::device() const { return state().device; }
+const moe_config& prepared_moe::config() const { return state().cfg; }
 
 size_t prepared_moe::weight_bytes() const {
-  if (impl_->layer) return impl_->layer->weight_bytes();
+  const impl& m = state();
+  if (m.layer) return m.layer->weight_bytes();
   size_t n = 0;
-  for (const auto& b : impl_->owned) n += b.size();
+  for (const auto& b : m.owned) n += b.size();
   return n;
 }
 
 size_t prepared_moe::workspace_bytes(int64_t max_tokens) const {
   MXMOE_CHECK_ARG(max_tokens >= 0, "max_tokens", ">= 0", std::to_string(max_tokens));
-  return impl_->layer ? impl_->layer->workspace_bytes(max_tokens) : 0;
+  const impl& m = state();
+  return m.layer ? m.layer->workspace_bytes(max_tokens) : 0;
 }
 
 uint32_t prepared_moe::read_error_flags(const void* workspace, size_t workspace_size) const {
-  return impl_->layer ? impl_->layer->read_error_flags(workspace, workspace_size) : 0;
+  const impl& m = state();
+  return m.layer ? m.layer->read_error_flags(workspace, workspace_size) : 0;
 }
 
 prepared_moe prepare(const moe_weights& weights, const moe_config& cfg, device_kind target) {
@@ -125,8 +133,7 @@ prepared_moe prepare(const moe_weights& weights, const moe_config& cfg, device_k
 
 void moe_forward(const prepared_moe& layer, const tensor_view& x, const routing_input& routing, const tensor_view& out,
                  void* workspace, size_t workspace_size, void* stream) {
-  MXMOE_CHECK_ARG(layer.impl_ != nullptr, "layer", "a prepared layer", "an empty (moved-from) prepared_moe");
-  const prepared_moe::impl& m = *layer.impl_;
+  const prepared_moe::impl& m = layer.state();
   const char* why = m.device == device_kind::cuda ? "the layer was prepared for cuda" : "the layer was prepared for cpu";
   check_on(x, "x", m.device, why);
   check_on(out, "out", m.device, why);

@@ -52,7 +52,7 @@ backend_choice choose_backend(backend_request request);
 
 // The weights of one MoE layer prepared for one backend. It owns everything it needs: once
 // prepare() returns, the caller's weight buffers may go away. Move-only; a moved-from layer is
-// empty and rejected by moe_forward.
+// empty: every member and moe_forward throw mxmoe::invalid_argument ("layer") for it.
 class prepared_moe {
  public:
   ~prepared_moe();
@@ -75,6 +75,7 @@ class prepared_moe {
 
  private:
   explicit prepared_moe(std::unique_ptr<impl> p);
+  const impl& state() const;  // throws for an empty layer
   std::unique_ptr<impl> impl_;
   friend prepared_moe prepare(const moe_weights&, const moe_config&, device_kind);
   friend void moe_forward(const prepared_moe&, const tensor_view&, const routing_input&, const tensor_view&, void*,

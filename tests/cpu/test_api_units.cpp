@@ -118,6 +118,8 @@ TEST(Prepare, WrongDevicesAndUnavailableBackendAreClearErrors) {
   prepared_moe moved = prepare(src.weights(), cfg, device_kind::cpu);
   const prepared_moe taken = std::move(moved);
   EXPECT_THROW(moe_forward(moved, in.x_view(), in.routing(), out_view, nullptr, 0), invalid_argument);
+  EXPECT_THROW(moved.workspace_bytes(1), invalid_argument);
+  EXPECT_EQ(taken.device(), device_kind::cpu);
   // Bad weights are rejected at prepare.
   moe_weights bad = src.weights();
   bad.down_scales.shape[2] += 1;
