@@ -9,7 +9,7 @@
 #   peer: bench/peer_triton.py (triton_kernels matmul_ogs as vLLM 0.33.0 runs it) from .peer/
 #   (scripts/fetch_peer.sh; MXMOE_PEER_DIR elsewhere); when absent or failing, peer.json says why
 #   MXMOE_TOKENS   token counts for the layer benchmark (default 1,8,32,64,128,512,2048,8192,16384)
-#   MXMOE_SHAPES   shapes (default: the six of BRIEF §4)
+#   MXMOE_SHAPES   shapes (default: the six of docs/models.md)
 #   MXMOE_COMMIT   commit recorded in the JSON
 set -uo pipefail
 cd "$(dirname "$0")/.."

@@ -20,56 +20,17 @@
 #include "mxmoe/dtype.h"
 #include "mxmoe/error.h"
 #include "mxmoe/moe.h"
+#include "mxmoe/synthetic.h"
 
 namespace mxmoe {
 namespace {
 
-struct host_moe {
-  moe_config cfg;
-  std::vector<uint8_t> b13, s13, b2, s2;
-  std::vector<uint16_t> bias13, bias2;
-  std::vector<float> correction;
-  moe_weights view() const {
-    const int64_t E = cfg.shape.experts, H = cfg.shape.hidden, I = cfg.shape.intermediate;
-    moe_weights w;
-    w.format = weight_format::mxfp4;
-    w.gate_up_blocks = tensor_view(b13.data(), dtype::u8, {E, 2 * I, H / 32, 16});
-    w.gate_up_scales = tensor_view(s13.data(), dtype::u8, {E, 2 * I, H / 32});
-    w.down_blocks = tensor_view(b2.data(), dtype::u8, {E, H, I / 32, 16});
-    w.down_scales = tensor_view(s2.data(), dtype::u8, {E, H, I / 32});
-    if (!bias13.empty()) w.gate_up_bias = tensor_view(bias13.data(), dtype::bf16, {E, 2 * I});
-    if (!bias2.empty()) w.down_bias = tensor_view(bias2.data(), dtype::bf16, {E, H});
-    if (!correction.empty()) w.correction_bias = tensor_view(correction.data(), dtype::f32, {E});
-    return w;
-  }
-};
-
-// Random codes (every nibble, 6.0 included) and scales around 2^-7: weights of realistic size.
+// Weights: the synthetic MXFP4 layer (include/mxmoe/synthetic.h): every code (6.0 included) and
+// scales around 1/(2.93 sqrt(K)); biases when asked, a correction bias for grouped routing.
+using host_moe = synthetic::mxfp4_layer;
 host_moe make_moe(const moe_config& cfg, bool biases, std::mt19937& rng) {
-  host_moe m;
-  m.cfg = cfg;
-  const int64_t E = cfg.shape.experts, H = cfg.shape.hidden, I = cfg.shape.intermediate;
-  std::uniform_int_distribution<int> byte(0, 255), scale(118, 122);
-  auto fill = [&](std::vector<uint8_t>& v, size_t n, bool is_scale) {
-    v.resize(n);
-    for (auto& b : v) b = static_cast<uint8_t>(is_scale ? scale(rng) : byte(rng));
-  };
-  fill(m.b13, static_cast<size_t>(E * 2 * I * H / 2), false);
-  fill(m.s13, static_cast<size_t>(E * 2 * I * H / 32), true);
-  fill(m.b2, static_cast<size_t>(E * H * I / 2), false);
-  fill(m.s2, static_cast<size_t>(E * H * I / 32), true);
-  std::normal_distribution<float> nd(0.0f, 0.1f);
-  if (biases) {
-    m.bias13.resize(static_cast<size_t>(E * 2 * I));
-    m.bias2.resize(static_cast<size_t>(E * H));
-    for (auto& b : m.bias13) b = float_to_bf16(nd(rng));
-    for (auto& b : m.bias2) b = float_to_bf16(nd(rng));
-  }
-  if (cfg.routing.kind == routing_kind::sigmoid_grouped_topk) {
-    m.correction.resize(static_cast<size_t>(E));
-    for (auto& b : m.correction) b = nd(rng);
-  }
-  return m;
+  return synthetic::make_layer(cfg, {.biases = biases, .correction_bias = cfg.routing.kind == routing_kind::sigmoid_grouped_topk},
+                               rng());
 }
 
 std::vector<uint16_t> random_bf16(size_t n, float sigma, std::mt19937& rng) {
@@ -151,7 +112,7 @@ run_result run_case(const host_moe& m, int64_t T, routing_mode mode, std::mt1993
       }
   }
 
-  const moe_weights w = m.view();
+  const moe_weights w = m.weights();
   cuda::moe_layer layer(w, c);
   cuda::device_buffer dx = to_device(x), dlog = to_device(logits), dlog16 = to_device(logits_bf16), dids = to_device(ids),
                       dw = to_device(wts);
@@ -307,7 +268,7 @@ TEST(GpuMoeRouting, OutOfRangeIdsAreDroppedAndFlagged) {
   const std::vector<int32_t> ids = {0, 1, 2, 99, 3, -1, 4, 5};
   const std::vector<float> wts(8, 0.5f);
   const std::vector<uint16_t> x = random_bf16(static_cast<size_t>(T * H), 1.0f, rng);
-  cuda::moe_layer layer(m.view(), cfg);
+  cuda::moe_layer layer(m.weights(), cfg);
   cuda::device_buffer dx = to_device(x), dids = to_device(ids), dw = to_device(wts), dout(T * H * 2),
                       ws(layer.workspace_bytes(T));
   routing_input ri;
@@ -326,7 +287,7 @@ TEST(GpuMoeRouting, OutOfRangeIdsAreDroppedAndFlagged) {
   hr.ids = tensor_view(ref_ids.data(), dtype::i32, {T, 2});
   hr.weights = tensor_view(ref_w.data(), dtype::f32, {T, 2});
   std::vector<float> ref(static_cast<size_t>(T * H));
-  const moe_weights w = m.view();
+  const moe_weights w = m.weights();
   cpu::moe_forward(tensor_view(x.data(), dtype::bf16, {T, H}), hr, w, cfg, tensor_view(ref.data(), dtype::f32, {T, H}),
                    cpu::precision::f64);
   expect_close(out, ref, "dropped slots");
@@ -338,7 +299,7 @@ TEST(GpuMoeGraph, CapturedForwardReplaysWithNewInputs) {
                                   layout::gate_up_order::interleaved);
   const host_moe m = make_moe(cfg, true, rng);
   const int64_t T = 37, H = 352, E = 16;
-  const moe_weights w = m.view();
+  const moe_weights w = m.weights();
   cuda::moe_layer layer(w, cfg);
   cuda::device_buffer dx(T * H * 2), dlog(T * E * 4), dout(T * H * 2), ws(layer.workspace_bytes(T));
   cudaStream_t stream;
@@ -380,7 +341,7 @@ TEST(GpuMoeInput, BadInputIsRejectedAndNothingIsWritten) {
   const moe_config cfg = make_cfg(8, 64, 32, 2, routing_kind::softmax_topk, activation_kind::silu_mul,
                                   layout::gate_up_order::concatenated);
   const host_moe m = make_moe(cfg, false, rng);
-  cuda::moe_layer layer(m.view(), cfg);
+  cuda::moe_layer layer(m.weights(), cfg);
   const int64_t T = 4, H = 64, E = 8;
   cuda::device_buffer dx(T * H * 2), dlog(T * E * 4), dout(T * H * 2), ws(layer.workspace_bytes(T));
   dx.fill(0);
@@ -407,7 +368,7 @@ TEST(GpuMoeInput, BadInputIsRejectedAndNothingIsWritten) {
   std::vector<uint16_t> out(static_cast<size_t>(T * H));
   dout.download(out.data(), out.size() * 2);
   for (uint16_t v : out) ASSERT_EQ(v, 0xABABu) << "a rejected call wrote its output";
-  moe_weights w = m.view();
+  moe_weights w = m.weights();
   w.format = weight_format::bf16;
   EXPECT_THROW(cuda::moe_layer(w, cfg), invalid_argument);
   // T = 0 is valid and writes nothing.
