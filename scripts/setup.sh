@@ -6,6 +6,8 @@
 #   2. CUTLASS/CuTe headers from the PyPI nvidia-cutlass wheel (pinned) into .deps/cutlass,
 #      unless MXMOE_CUTLASS_DIR points at a CUTLASS checkout already. Only with nvcc present.
 #   3. Configure and build into ${MXMOE_BUILD_DIR:-build} (CUDA backend when nvcc is found).
+#   4. Install the Python package (python/, `import mxmoe`) from that same build directory, so
+#      nothing is compiled twice (scripts/python_env.sh picks the interpreter).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -54,3 +56,7 @@ if [ ! -f "$BUILD_DIR/build.ninja" ]; then
 fi
 cmake --build "$BUILD_DIR" -j "${MXMOE_JOBS:-$(nproc)}"
 echo "setup: built into $BUILD_DIR"
+
+. scripts/python_env.sh
+"$MXMOE_PYTHON" -m pip install -q --disable-pip-version-check ./python -C build-dir="$PWD/$BUILD_DIR"
+echo "setup: Python package mxmoe installed for $("$MXMOE_PYTHON" -c 'import sys; print(sys.executable)')"
