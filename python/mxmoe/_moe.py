@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import ctypes
 import itertools
-import math
 import weakref
 from dataclasses import dataclass
 from typing import Any
@@ -233,8 +232,10 @@ def moe_forward(
             if not _tensor.is_torch(x):
                 raise invalid("workspace", f"device memory of {layer.workspace_bytes(tokens[0])} bytes", "none")
             workspace = _tensor.empty(x, (layer.workspace_bytes(tokens[0]),), _lib.U8, "workspace")
-        ws_ptr, ws_dtype, _, _, ws_shape, _ = _lib.unpack_tensor(view(workspace, "workspace"))
-        ws_bytes = _lib.ITEMSIZE[ws_dtype] * math.prod(ws_shape)
+        ws_ptr, ws_bytes, ws_device = _tensor.buffer(workspace, "workspace")
+        if ws_device != layer._device:
+            raise invalid("workspace", f"memory on {layer.device} (where the layer is)",
+                          f"memory on {_device_name(ws_device)}")
     status = _lib.lib.mxmoe_moe_forward(
         handle,
         xc,

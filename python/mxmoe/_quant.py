@@ -99,14 +99,10 @@ def quantize(
     host_stats = _lib.QuantStatsC() if stats else None
     stats_ptr = None
     if device_stats is not None:
-        stats_ptr, code, device_type, _, shape, strides = _lib.unpack_tensor(
-            _tensor.view(device_stats, "device_stats"))
-        nbytes = _lib.ITEMSIZE[code] * math.prod(shape)
-        compact = all(st == math.prod(shape[i + 1:]) for i, st in enumerate(strides) if shape[i] > 1)
-        if device_type != _lib.DEVICE_CUDA or nbytes != ctypes.sizeof(_lib.QuantStatsC) or not compact:
-            raise invalid("device_stats", f"a contiguous cuda array of {ctypes.sizeof(_lib.QuantStatsC)} bytes",
-                          f"{nbytes} bytes on {'cuda' if device_type == _lib.DEVICE_CUDA else 'cpu'}, "
-                          f"strides {list(strides)}")
+        stats_ptr, nbytes, (device_type, _) = _tensor.buffer(device_stats, "device_stats")
+        if device_type != _lib.DEVICE_CUDA or nbytes != ctypes.sizeof(_lib.QuantStatsC):
+            raise invalid("device_stats", f"a cuda array of {ctypes.sizeof(_lib.QuantStatsC)} bytes",
+                          f"{nbytes} bytes on {'cuda' if device_type == _lib.DEVICE_CUDA else 'cpu'}")
     s = _tensor.current_stream(x, stream)
     _lib.check(_lib.lib.mxmoe_quantize(xc, rule_code, layout_code, pc, sc, host_stats, stats_ptr, s))
     if stats:

@@ -199,6 +199,12 @@ def current_stream(obj: Any, stream: int | None) -> int | None:
     if stream is not None:
         return stream
     if is_torch(obj) and obj.is_cuda:
+        torch_c = sys.modules["torch"]._C
+        # What inductor's generated code calls (torch._C, no Stream object per call); the public
+        # spelling where a torch build lacks it.
+        raw = getattr(torch_c, "_cuda_getCurrentRawStream", None)
+        if raw is not None:
+            return raw(obj.get_device())
         return sys.modules["torch"].cuda.current_stream(obj.device).cuda_stream
     return None
 
@@ -225,3 +231,15 @@ def empty_like(like: Any, name: str):
         return sys.modules["numpy"].empty_like(like, order="C")
     raise invalid(name, f"an output array (mxmoe allocates torch tensors and numpy arrays; for "
                         f"{type(like).__name__} pass out=)", "none")
+
+
+def buffer(obj: Any, name: str) -> tuple[int, int, tuple[int, int]]:
+    """(pointer, bytes, (device type, device id)) of a contiguous array used as raw memory (a
+    workspace, a statistics record); InvalidArgument naming ``name`` when it is not contiguous."""
+    data, code, device_type, device_id, shape, strides = _lib.unpack_tensor(view(obj, name, writable=True))
+    expected = 1
+    for size, stride in zip(reversed(shape), reversed(strides)):
+        if size != 1 and stride != expected:
+            raise invalid(name, "a contiguous array", f"shape {list(shape)} with strides {list(strides)}")
+        expected *= size
+    return data, _lib.ITEMSIZE[code] * expected, (device_type, device_id)

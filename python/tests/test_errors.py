@@ -107,6 +107,27 @@ def test_cuda_unavailable_says_why():
         mxmoe.prepare(mxmoe.MoEConfig(4, 64, 32, top_k=2), device="cuda", **w)
 
 
+def test_raw_buffers_must_be_contiguous():
+    x = torch.randn(8, 64)
+    with pytest.raises(mxmoe.InvalidArgument, match="'device_stats'"):
+        mxmoe.quantize(x, device_stats=torch.zeros(1, dtype=torch.int64).expand(8))
+    with pytest.raises(mxmoe.InvalidArgument, match="'device_stats'"):
+        mxmoe.quantize(x, device_stats=torch.zeros(8, dtype=torch.int64))  # cpu memory
+
+
+@requires_cuda
+def test_cuda_workspace_is_checked():
+    layer, w = small_layer()
+    cuda_layer = mxmoe.prepare(layer.config, device="cuda", **w)
+    x, logits = torch.randn(5, 64, device="cuda").bfloat16(), torch.randn(5, 4, device="cuda")
+    expect_invalid("workspace", mxmoe.moe_forward, cuda_layer, x, logits=logits,
+                   workspace=torch.zeros(1, dtype=torch.uint8, device="cuda").expand(1 << 20))
+    expect_invalid("workspace", mxmoe.moe_forward, cuda_layer, x, logits=logits,
+                   workspace=torch.zeros(1 << 20, dtype=torch.uint8))
+    expect_invalid("workspace", mxmoe.moe_forward, cuda_layer, x, logits=logits,
+                   workspace=torch.zeros(16, dtype=torch.uint8, device="cuda"))
+
+
 @requires_cuda
 def test_mixed_devices_are_rejected():
     x = torch.randn(8, 64)

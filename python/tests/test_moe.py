@@ -130,14 +130,17 @@ def test_cuda_layer_matches_cpu_backend(name, tokens):
     assert torch.equal(got, again)  # deterministic
 
 
+def cuda_problem(name, tokens):
+    """A CUDA layer of CONFIGS[name] and bf16 x, f32 logits for it on the GPU."""
+    layer = mxmoe.prepare(CONFIGS[name], device="cuda", **make_weights())
+    return layer, torch.randn(tokens, H, device="cuda").bfloat16(), torch.randn(tokens, E, device="cuda")
+
+
 @requires_cuda
 def test_cuda_graph_replays_with_new_inputs_bitwise():
     import mxmoe.torch
 
-    cfg = CONFIGS["gpt_oss"]
-    layer = mxmoe.prepare(cfg, device="cuda", **make_weights())
-    x = torch.randn(16, H, device="cuda").bfloat16()
-    logits = torch.randn(16, E, device="cuda")
+    layer, x, logits = cuda_problem("gpt_oss", 16)
     for _ in range(2):  # warm up (allocator, lazy module loading) outside the capture
         mxmoe.torch.moe_forward(layer, x, logits=logits)
     torch.cuda.synchronize()
@@ -155,10 +158,7 @@ def test_cuda_graph_replays_with_new_inputs_bitwise():
 
 @requires_cuda
 def test_cuda_forward_runs_on_the_current_stream():
-    cfg = CONFIGS["qwen3"]
-    layer = mxmoe.prepare(cfg, device="cuda", **make_weights())
-    x = torch.randn(64, H, device="cuda").bfloat16()
-    logits = torch.randn(64, E, device="cuda")
+    layer, x, logits = cuda_problem("qwen3", 64)
     want = mxmoe.moe_forward(layer, x + 1, logits=logits)
     side = torch.cuda.Stream()
     torch.cuda.synchronize()
