@@ -135,6 +135,17 @@ class PreparedMoE:
             self._workspace_bytes[max_tokens] = n.value
         return n.value
 
+    def read_error_flags(self, workspace: Any) -> int:
+        """CUDA: the flags a forward left in ``workspace`` (the one passed to
+        :func:`moe_forward`): bit 0 set when a precomputed expert id was outside [0, E) and that
+        slot was dropped. Synchronizes. CPU: 0 (host ids are checked before the call)."""
+        flags = ctypes.c_uint32()
+        ptr, nbytes = (None, 0)
+        if self.is_cuda:
+            ptr, nbytes, _ = _tensor.buffer(workspace, "workspace")
+        _lib.check(_lib.lib.mxmoe_moe_error_flags(self._live_handle(), ptr, nbytes, ctypes.byref(flags)))
+        return flags.value
+
     def close(self) -> None:
         """Frees the prepared weights now (idempotent)."""
         handle, self._handle = self._handle, 0

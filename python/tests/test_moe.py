@@ -168,3 +168,15 @@ def test_cuda_forward_runs_on_the_current_stream():
         got = mxmoe.moe_forward(layer, y, logits=logits)
     side.synchronize()
     assert torch.equal(got, want)
+
+
+@requires_cuda
+def test_cuda_out_of_range_ids_are_flagged():
+    layer, x, logits = cuda_problem("qwen3", 4)
+    ids = torch.tensor([[0, 1], [2, E], [3, 4], [5, 6]], dtype=torch.int32, device="cuda")  # E: out of range
+    weights = torch.full((4, 2), 0.5, device="cuda")
+    workspace = torch.empty(layer.workspace_bytes(4), dtype=torch.uint8, device="cuda")
+    mxmoe.moe_forward(layer, x, topk_ids=ids, topk_weights=weights, workspace=workspace)
+    assert layer.read_error_flags(workspace) & 1
+    mxmoe.moe_forward(layer, x, topk_ids=ids.clamp(max=E - 1), topk_weights=weights, workspace=workspace)
+    assert layer.read_error_flags(workspace) == 0
