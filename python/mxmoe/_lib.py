@@ -22,7 +22,6 @@ MAX_RANK = 8
 OK, ERR_INVALID_ARGUMENT, ERR_UNSUPPORTED, ERR_OUT_OF_MEMORY, ERR_RUNTIME, ERR_INTERNAL = range(6)
 # Element types (mxmoe::dtype)
 BF16, F16, F32, U8, I32, I64 = range(6)
-DTYPE_NAMES = ("bf16", "f16", "f32", "u8", "i32", "i64")
 ITEMSIZE = (2, 2, 4, 1, 4, 8)  # bytes per element, by dtype code
 DEVICE_CPU, DEVICE_CUDA = 0, 1
 RULES = ("floor", "even", "rceil", "mse")

@@ -26,7 +26,7 @@ import struct
 
 import torch
 
-from . import _lib, _moe, _quant, _tensor
+from . import _lib, _moe, _quant
 from ._errors import invalid
 from ._quant import QuantStats
 
