@@ -8,9 +8,10 @@
 //   scale_linear       s at n * (K/32) + kb                       (row-major [N, K/32])
 //   scale_tiled_128x4  Blackwell block-scaled MMA / cuBLAS / CUTLASS Sm1xxBlockScaledConfig /
 //                      FlashInfer layout_128x4: rows padded to 128, columns to 4, stored as
-//                      [N/128][K/32/4][32][4][4]  (BRIEF §3; vLLM's untile_cutlass_scale inverts it)
+//                      [N/128][K/32/4][32][4][4]  (docs/formats.md; vLLM's untile_cutlass_scale inverts it)
 //   checkpoint_mxfp4   gpt-oss / HF: blocks [E, N, K/32, 16] u8, scales [E, N, K/32] u8 — i.e.
 //                      row-major packed codes, element 2j low nibble, and linear scales.
+//   checkpoint_xw      gpt-oss BF16 expert weights: dense [E, K, N], the x·W form (W transposed).
 //   sm90_fragment      mxmoe's kernel layout (below): each lane's mma.sync / wgmma A-fragment
 //                      contiguous, 16 rows x 64 k per 512-byte tile, codes in fragment words
 //                      (mx::fragment_bit) placed for a cheap bf16 conversion.
@@ -94,6 +95,22 @@ struct checkpoint_mxfp4 {
     scales().coord(off, &r, kb);
     *e = r / rows;
     *n = r % rows;
+  }
+};
+
+// ---- gpt-oss BF16 checkpoint: dense [E, K, N] ----------------------------------------------
+// The BF16 gpt-oss checkpoints (and Hugging Face transformers' GptOssExperts) store each expert's
+// weight for x @ W, i.e. W[N][K] transposed: gate_up_proj [E, H, 2I] (column c is row c of the
+// fused gate/up weight, gate/up interleaved) and down_proj [E, I, H]. Element (e, n, k) of W sits
+// at element (e * K + k) * N + n. Any float type; offsets are in elements.
+struct checkpoint_xw {
+  int64_t experts = 1, rows = 0, cols = 0;  // N (outputs), K (inputs)
+  MXMOE_HD int64_t size() const { return experts * rows * cols; }
+  MXMOE_HD int64_t offset(int64_t e, int64_t n, int64_t k) const { return (e * cols + k) * rows + n; }
+  MXMOE_HD void coord(int64_t off, int64_t* e, int64_t* n, int64_t* k) const {
+    *n = off % rows;
+    *k = (off / rows) % cols;
+    *e = off / rows / cols;
   }
 };
 

@@ -337,4 +337,21 @@ MXMOE_HD uint16_t e8m0_to_bf16_bits(uint8_t scale) {
 
 inline constexpr uint16_t kBf16Pow2_126 = static_cast<uint16_t>((126 + 127) << 7);  // 2^126
 
+// ---- what a scale rule implies about a quantized block (reading checkpoints back) ------------
+// Each rule places a block's amax at a fixed window relative to its scale 2^(s-127): amax / 2^(s-127)
+// lies in [4, 8) for floor, [3.5, 7) for even, (3, 6] for rceil and [2, 16) for mse (one of
+// floor - 1, floor, floor + 1). So the largest |code| of a block the rule quantized is at least
+// min_block_max_code(rule): 6 (value 4) for floor and even, 5 (value 3) for rceil, 4 (value 2)
+// for mse. It holds for every block with an ordinary scale: not 0xFF (NaN), not clamped to byte
+// 0 or 254, and not all zero. A block below the minimum was not quantized with that rule.
+MXMOE_HD int min_block_max_code(scale_rule r) {
+  switch (r) {
+    case scale_rule::floor:
+    case scale_rule::even: return 6;
+    case scale_rule::rceil: return 5;
+    case scale_rule::mse: return 4;
+  }
+  return 0;
+}
+
 }  // namespace mxmoe::mx

@@ -1,8 +1,9 @@
 // Tests of include/mxmoe/layout.h: for every layout, on odd shapes, the inverse undoes every
 // offset and the map is a bijection onto its storage (each slot hit once; padding slots are
 // exactly those whose inverse returns false). A few offsets are pinned as literal numbers worked
-// out by hand from BRIEF §3 and the PTX mma.m16n8k16 A-fragment description, so that a change of
-// formula fails here even if it stays self-consistent.
+// out by hand from the layouts' public descriptions (docs/formats.md: the gpt-oss checkpoint, the
+// cuBLAS / CUTLASS 128x4 scale layout) and the PTX mma.m16n8k16 A-fragment description, so that a
+// change of formula fails here even if it stays self-consistent.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -176,6 +177,39 @@ TEST(CheckpointMxfp4, PinnedOffsets) {
   EXPECT_EQ(c.code_offset(1, 2, 4).high, 0);
   // (e 1, n 2, kb 1): 5*2 + 1 = 11
   EXPECT_EQ(c.scale_offset(1, 2, 1), 11);
+}
+
+// ---- checkpoint_xw ----------------------------------------------------------------------------
+
+TEST(CheckpointXw, BijectionAndInverse) {
+  for (int64_t rows : kRows)
+    for (int64_t cols : kCols) {
+      SCOPED_TRACE(testing::Message() << "rows " << rows << " K " << cols);
+      const layout::checkpoint_xw c{3, rows, cols};
+      ASSERT_EQ(c.size(), 3 * rows * cols);
+      slot_tracker slots(c.size());
+      for (int64_t e = 0; e < 3; ++e)
+        for (int64_t n = 0; n < rows; ++n)
+          for (int64_t k = 0; k < cols; ++k) {
+            const int64_t off = c.offset(e, n, k);
+            ASSERT_TRUE(slots.hit(off));
+            int64_t e2 = -1, n2 = -1, k2 = -1;
+            c.coord(off, &e2, &n2, &k2);
+            ASSERT_EQ(e2, e);
+            ASSERT_EQ(n2, n);
+            ASSERT_EQ(k2, k);
+          }
+      for (int64_t s = 0; s < slots.slots(); ++s) ASSERT_TRUE(slots.was_hit(s));
+    }
+}
+
+TEST(CheckpointXw, PinnedOffsets) {
+  // gpt-oss gate_up_proj [E, H, 2I] with E = 2, H = 3 (K), 2I = 4 (N): W[n][k] is x·W's [k][n].
+  const layout::checkpoint_xw c{2, 4, 3};
+  EXPECT_EQ(c.offset(0, 0, 0), 0);
+  EXPECT_EQ(c.offset(0, 1, 0), 1);   // the next output is the next element of a row of x·W
+  EXPECT_EQ(c.offset(0, 0, 1), 4);   // the next input is the next row: N elements on
+  EXPECT_EQ(c.offset(1, 3, 2), 23);  // (1*3 + 2)*4 + 3
 }
 
 // ---- sm90_fragment --------------------------------------------------------------------------

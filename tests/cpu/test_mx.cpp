@@ -2,8 +2,9 @@
 // encode/decode (exhaustive over bf16 against a brute-force nearest-value oracle), packing,
 // E8M0 decode and the round-up cast, the four scale rules at their boundaries and on random
 // blocks (saturation rates, SQNR, mse optimality), the kernels' fast E2M1->bf16 conversion.
-// Expected values are literals from BRIEF §2 / the OCP MX spec, or plain brute-force oracles
-// written here (nearest grid value, smallest byte by exhaustive search, double-precision math).
+// Expected values are literals from the OCP MX spec and the published test vectors collected in
+// docs/formats.md, or plain brute-force oracles written here (nearest grid value, smallest byte by
+// exhaustive search, double-precision math).
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -101,7 +102,7 @@ TEST(E2M1, TiesGoToTheEvenCode) {
 }
 
 TEST(E2M1, PublishedVector) {
-  // auto-round's published vector (BRIEF §2).
+  // auto-round's published vector (docs/formats.md, Test vectors).
   const float in[] = {0.0f, 0.25f, 0.4f, 0.75f, 1.25f, 1.4f, 1.75f, 2.5f, 2.9f, 3.5f, 5.0f, 5.1f};
   const float want[] = {0.0f, 0.0f, 0.5f, 1.0f, 1.0f, 1.5f, 2.0f, 2.0f, 3.0f, 4.0f, 4.0f, 6.0f};
   for (size_t i = 0; i < std::size(in); ++i)
@@ -167,7 +168,7 @@ TEST(E8M0, DecodesEveryByte) {
 }
 
 TEST(E8M0, RoundUpCastTable) {
-  // torchao RCEIL cases (BRIEF §2): input bits -> byte.
+  // torchao RCEIL cases (docs/formats.md, Test vectors): input bits -> byte.
   const std::pair<uint32_t, int> table[] = {
       {0x0u, 0},          {0x1u, 0},          {0x00400000u, 0},   {0x00400001u, 1},   {0x007FFFFFu, 1},
       {0x00800000u, 1},   {0x1F800000u, 63},  {0x1F800001u, 64},  {0x3F7FFFFFu, 127}, {0x3F800000u, 127},
@@ -207,7 +208,7 @@ TEST(E8M0, DequantizeValue) {
     }
 }
 
-// ---- scale rules: the worked block of BRIEF §2 --------------------------------------------
+// ---- scale rules: the worked block of docs/formats.md ---------------------------------------
 
 struct worked_case {
   scale_rule rule;
@@ -245,7 +246,7 @@ TEST(ScaleRules, WorkedBlock) {
 
 // ---- scale rules: boundaries --------------------------------------------------------------
 
-// Expected bytes from the rule definitions (BRIEF §2 table), clamped to [0, 254].
+// Expected bytes from the rule definitions (docs/formats.md, Scale rules), clamped to [0, 254].
 int floor_expected(uint32_t e, uint32_t) { return std::clamp(static_cast<int>(e) - 2, 0, 254); }
 int even_expected(uint32_t e, uint32_t m) {
   // mantissa >= 1.75 rounds the exponent up (0.75 round-up of the mantissa fraction)
@@ -368,7 +369,7 @@ TEST(ScaleRules, NanOrInfAnywhereMakesTheBlockNan) {
 // ---- scale rules: statistics on random blocks ---------------------------------------------
 
 // Blocks of log-uniform elements sign * 2^U(-20, 20) plus a per-block offset 2^U(-20, 20). The
-// theoretical fractions of BRIEF §2 assume log2(amax) mod 1 is uniform; the offset, uniform over
+// theoretical fractions of docs/formats.md assume log2(amax) mod 1 is uniform; the offset, uniform over
 // a whole number of binades and independent of the elements, makes that exact (the max of 32
 // log-uniform elements alone is not uniform mod 1 and saturates floor ~51% of the time).
 // Saturation depends on the amax mantissa m only: floor saturates iff m > 1.5 (p = 1 - log2 1.5),
@@ -419,10 +420,10 @@ void fill_block(dist d, std::mt19937_64& gen, float* x) {
 
 // Aggregate SQNR (sum x^2 / sum err^2) over blocks with a per-block scale 2^U(0, 1), i.e. a
 // log-uniform block magnitude over one binade, so the result does not depend on where a fixed
-// sigma happens to fall within a binade. BRIEF §2's figures come from a separate Python
+// sigma happens to fall within a binade. docs/formats.md's reference figures come from a separate Python
 // simulation quoted to 0.01 dB; with 100k blocks our own sampling sd is ~0.005 dB, and
 // 0.05 dB covers both.
-TEST(ScaleRules, SqnrOnGaussianAndLaplaceBlocksMatchesBrief) {
+TEST(ScaleRules, SqnrOnGaussianAndLaplaceBlocksMatchesIndependentSimulation) {
   const int n = 100000;
   struct expectation {
     dist d;
@@ -479,6 +480,46 @@ TEST(ScaleRules, MseIsNeverWorseThanAnyOtherRule) {
   }
   // The search does pick a different, better byte than each fixed rule on some blocks.
   for (int r = 0; r < 3; ++r) EXPECT_GT(beats[r], 1000) << mx::to_string(others[r]);
+}
+
+// Every block a rule quantizes (ordinary scale: not NaN, not clamped to 0 or 254, not all zero)
+// has a largest |code| of at least min_block_max_code(rule), and blocks reaching exactly that
+// minimum exist: amax / scale = 4.0 for floor and even, 3.25 for rceil (rounds to 3), and an
+// all-equal power-of-two block for mse (floor and floor + 1 both exact; the tie goes to the larger
+// byte, leaving the amax at code 4 = 2.0).
+TEST(ScaleRules, LargestCodeWindowOfEachRule) {
+  std::mt19937_64 gen(41);
+  std::uniform_real_distribution<double> log_scale(-100.0, 100.0);
+  const auto largest_code = [](const float* x, scale_rule rule, uint8_t* scale) {
+    uint8_t packed[mx::kPackedBlockBytes];
+    mx::quantize_block(x, rule, scale, packed);
+    int m = 0;
+    for (int i = 0; i < mx::kBlockSize; ++i) m = std::max(m, mx::unpack_e2m1(packed[i / 2], i) & 7);
+    return m;
+  };
+  for (scale_rule rule : mx::kAllScaleRules) {
+    SCOPED_TRACE(mx::to_string(rule));
+    const int minimum = mx::min_block_max_code(rule);
+    int reached = 8;
+    for (dist d : {dist::gaussian, dist::laplace, dist::uniform, dist::outliers})
+      for (int b = 0; b < 5000; ++b) {
+        float x[mx::kBlockSize];
+        fill_block(d, gen, x);
+        const float s = static_cast<float>(std::exp2(log_scale(gen)));
+        for (float& v : x) v *= s;
+        uint8_t scale;
+        const int m = largest_code(x, rule, &scale);
+        if (scale == 0 || scale >= 254 || m == 0) continue;
+        ASSERT_GE(m, minimum) << "block " << b;
+        reached = std::min(reached, m);
+      }
+    const float edge = rule == scale_rule::rceil ? 3.25f : (rule == scale_rule::mse ? 1.0f : 4.0f);
+    float x[mx::kBlockSize];
+    std::fill(x, x + mx::kBlockSize, edge);
+    uint8_t scale;
+    reached = std::min(reached, largest_code(x, rule, &scale));
+    EXPECT_EQ(reached, minimum);
+  }
 }
 
 // ---- the sm90 fragment word and the kernels' fast E2M1 -> bf16 conversion -------------------

@@ -20,57 +20,17 @@
 #include "mxmoe/dtype.h"
 #include "mxmoe/error.h"
 #include "mxmoe/moe.h"
+#include "mxmoe/synthetic.h"
 
 namespace mxmoe {
 namespace {
 
-struct host_moe {
-  moe_config cfg;
-  std::vector<uint8_t> b13, s13, b2, s2;
-  std::vector<uint16_t> bias13, bias2;
-  std::vector<float> correction;
-  moe_weights view() const {
-    const int64_t E = cfg.shape.experts, H = cfg.shape.hidden, I = cfg.shape.intermediate;
-    moe_weights w;
-    w.format = weight_format::mxfp4;
-    w.gate_up_blocks = tensor_view(b13.data(), dtype::u8, {E, 2 * I, H / 32, 16});
-    w.gate_up_scales = tensor_view(s13.data(), dtype::u8, {E, 2 * I, H / 32});
-    w.down_blocks = tensor_view(b2.data(), dtype::u8, {E, H, I / 32, 16});
-    w.down_scales = tensor_view(s2.data(), dtype::u8, {E, H, I / 32});
-    if (!bias13.empty()) w.gate_up_bias = tensor_view(bias13.data(), dtype::bf16, {E, 2 * I});
-    if (!bias2.empty()) w.down_bias = tensor_view(bias2.data(), dtype::bf16, {E, H});
-    if (!correction.empty()) w.correction_bias = tensor_view(correction.data(), dtype::f32, {E});
-    return w;
-  }
-};
-
-// Random codes (every nibble, 6.0 included) and scale bytes in [scale_lo, scale_hi] (by default
-// around 2^-7: weights of realistic size).
-host_moe make_moe(const moe_config& cfg, bool biases, std::mt19937& rng, int scale_lo = 118, int scale_hi = 122) {
-  host_moe m;
-  m.cfg = cfg;
-  const int64_t E = cfg.shape.experts, H = cfg.shape.hidden, I = cfg.shape.intermediate;
-  std::uniform_int_distribution<int> byte(0, 255), scale(scale_lo, scale_hi);
-  auto fill = [&](std::vector<uint8_t>& v, size_t n, bool is_scale) {
-    v.resize(n);
-    for (auto& b : v) b = static_cast<uint8_t>(is_scale ? scale(rng) : byte(rng));
-  };
-  fill(m.b13, static_cast<size_t>(E * 2 * I * H / 2), false);
-  fill(m.s13, static_cast<size_t>(E * 2 * I * H / 32), true);
-  fill(m.b2, static_cast<size_t>(E * H * I / 2), false);
-  fill(m.s2, static_cast<size_t>(E * H * I / 32), true);
-  std::normal_distribution<float> nd(0.0f, 0.1f);
-  if (biases) {
-    m.bias13.resize(static_cast<size_t>(E * 2 * I));
-    m.bias2.resize(static_cast<size_t>(E * H));
-    for (auto& b : m.bias13) b = float_to_bf16(nd(rng));
-    for (auto& b : m.bias2) b = float_to_bf16(nd(rng));
-  }
-  if (cfg.routing.kind == routing_kind::sigmoid_grouped_topk) {
-    m.correction.resize(static_cast<size_t>(E));
-    for (auto& b : m.correction) b = nd(rng);
-  }
-  return m;
+// Weights: the synthetic MXFP4 layer (include/mxmoe/synthetic.h): every code (6.0 included) and
+// scales around 1/(2.93 sqrt(K)); biases when asked, a correction bias for grouped routing.
+using host_moe = synthetic::mxfp4_layer;
+host_moe make_moe(const moe_config& cfg, bool biases, std::mt19937& rng) {
+  return synthetic::make_layer(cfg, {.biases = biases, .correction_bias = cfg.routing.kind == routing_kind::sigmoid_grouped_topk},
+                               rng());
 }
 
 std::vector<uint16_t> random_bf16(size_t n, float sigma, std::mt19937& rng) {
@@ -152,7 +112,7 @@ run_result run_case(const host_moe& m, int64_t T, routing_mode mode, std::mt1993
       }
   }
 
-  const moe_weights w = m.view();
+  const moe_weights w = m.weights();
   cuda::moe_layer layer(w, c);
   cuda::device_buffer dx = to_device(x), dlog = to_device(logits), dlog16 = to_device(logits_bf16), dids = to_device(ids),
                       dw = to_device(wts);
@@ -268,13 +228,17 @@ INSTANTIATE_TEST_SUITE_P(
     [](const testing::TestParamInfo<shape_case>& i) { return std::string(i.param.name); });
 
 // Scale bytes 0 and above 128 take the two-multiply dequantization (2^(s-1) is no normal bf16
-// there); with bytes 0..140 most fragment tiles mix them with the one-multiply bytes. Decode
+// there); with the synthetic layer's scale bytes replaced by uniform bytes 0..140 most fragment
+// tiles mix them with the one-multiply bytes. Decode
 // (T = 1, 9, 20) and wgmma (T = 200) tiles.
 TEST(GpuMoeScales, ZeroAndLargeScaleBytes) {
   std::mt19937 rng(41);
   const moe_config cfg = make_cfg(8, 96, 160, 2, routing_kind::softmax_topk, activation_kind::silu_mul,
                                   layout::gate_up_order::concatenated);
-  const host_moe m = make_moe(cfg, true, rng, 0, 140);
+  host_moe m = make_moe(cfg, true, rng);
+  std::uniform_int_distribution<int> wide(0, 140);
+  for (auto* scales : {&m.gate_up_scales, &m.down_scales})
+    for (auto& b : *scales) b = static_cast<uint8_t>(wide(rng));
   for (int64_t T : {1, 9, 20, 200}) {
     const run_result r = run_case(m, T, routing_mode::logits_f32, rng);
     expect_close(r.out, r.ref, "scale bytes 0..140 T=" + std::to_string(T));
@@ -330,7 +294,7 @@ TEST(GpuMoeRouting, OutOfRangeIdsAreDroppedAndFlagged) {
   const std::vector<int32_t> ids = {0, 1, 2, 99, 3, -1, 4, 5};
   const std::vector<float> wts(8, 0.5f);
   const std::vector<uint16_t> x = random_bf16(static_cast<size_t>(T * H), 1.0f, rng);
-  cuda::moe_layer layer(m.view(), cfg);
+  cuda::moe_layer layer(m.weights(), cfg);
   cuda::device_buffer dx = to_device(x), dids = to_device(ids), dw = to_device(wts), dout(T * H * 2),
                       ws(layer.workspace_bytes(T));
   routing_input ri;
@@ -349,7 +313,7 @@ TEST(GpuMoeRouting, OutOfRangeIdsAreDroppedAndFlagged) {
   hr.ids = tensor_view(ref_ids.data(), dtype::i32, {T, 2});
   hr.weights = tensor_view(ref_w.data(), dtype::f32, {T, 2});
   std::vector<float> ref(static_cast<size_t>(T * H));
-  const moe_weights w = m.view();
+  const moe_weights w = m.weights();
   cpu::moe_forward(tensor_view(x.data(), dtype::bf16, {T, H}), hr, w, cfg, tensor_view(ref.data(), dtype::f32, {T, H}),
                    cpu::precision::f64);
   expect_close(out, ref, "dropped slots");
@@ -371,7 +335,7 @@ TEST(GpuMoeRouting, PrecomputedIdsBeyondTheOneCtaPlan) {
   std::uniform_real_distribution<float> u(0.1f, 1.0f);
   for (auto& w : wts) w = u(rng);
   const std::vector<uint16_t> x = random_bf16(static_cast<size_t>(T * H), 1.0f, rng);
-  cuda::moe_layer layer(m.view(), cfg);
+  cuda::moe_layer layer(m.weights(), cfg);
   cuda::device_buffer dx = to_device(x), dids = to_device(ids), dw = to_device(wts), dout(T * H * 2),
                       ws(layer.workspace_bytes(T));
   ws.fill(0xFF);
@@ -391,7 +355,7 @@ TEST(GpuMoeRouting, PrecomputedIdsBeyondTheOneCtaPlan) {
   hr.ids = tensor_view(ref_ids.data(), dtype::i32, {T, k});
   hr.weights = tensor_view(ref_w.data(), dtype::f32, {T, k});
   std::vector<float> ref(static_cast<size_t>(T * H));
-  const moe_weights w = m.view();
+  const moe_weights w = m.weights();
   cpu::moe_forward(tensor_view(x.data(), dtype::bf16, {T, H}), hr, w, cfg, tensor_view(ref.data(), dtype::f32, {T, H}),
                    cpu::precision::f64);
   expect_close(out, ref, "four-step import with dropped slots");
@@ -403,7 +367,7 @@ TEST(GpuMoeGraph, CapturedForwardReplaysWithNewInputs) {
                                   layout::gate_up_order::interleaved);
   const host_moe m = make_moe(cfg, true, rng);
   const int64_t H = 352, E = 16;
-  const moe_weights w = m.view();
+  const moe_weights w = m.weights();
   cuda::moe_layer layer(w, cfg);
   cudaStream_t stream;
   CUDA_OK(cudaStreamCreate(&stream));
@@ -453,7 +417,7 @@ TEST(GpuMoeGraph, BackToBackForwardsShareTheWorkspace) {
                                   layout::gate_up_order::concatenated);
   const host_moe m = make_moe(cfg, false, rng);
   const int64_t H = 352, E = 16;
-  const moe_weights w = m.view();
+  const moe_weights w = m.weights();
   cuda::moe_layer layer(w, cfg);
   cudaStream_t stream;
   CUDA_OK(cudaStreamCreate(&stream));
@@ -499,7 +463,7 @@ TEST(GpuMoeInput, BadInputIsRejectedAndNothingIsWritten) {
   const moe_config cfg = make_cfg(8, 64, 32, 2, routing_kind::softmax_topk, activation_kind::silu_mul,
                                   layout::gate_up_order::concatenated);
   const host_moe m = make_moe(cfg, false, rng);
-  cuda::moe_layer layer(m.view(), cfg);
+  cuda::moe_layer layer(m.weights(), cfg);
   const int64_t T = 4, H = 64, E = 8;
   cuda::device_buffer dx(T * H * 2), dlog(T * E * 4), dout(T * H * 2), ws(layer.workspace_bytes(T));
   dx.fill(0);
@@ -526,7 +490,7 @@ TEST(GpuMoeInput, BadInputIsRejectedAndNothingIsWritten) {
   std::vector<uint16_t> out(static_cast<size_t>(T * H));
   dout.download(out.data(), out.size() * 2);
   for (uint16_t v : out) ASSERT_EQ(v, 0xABABu) << "a rejected call wrote its output";
-  moe_weights w = m.view();
+  moe_weights w = m.weights();
   w.format = weight_format::bf16;
   EXPECT_THROW(cuda::moe_layer(w, cfg), invalid_argument);
   // T = 0 is valid and writes nothing.

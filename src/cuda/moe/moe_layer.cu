@@ -122,11 +122,10 @@ device_buffer prepare_bias(const tensor_view& v, int64_t experts, int64_t rows, 
   return out;
 }
 
-void check_device_view(const tensor_view& v, const char* name) {
-  MXMOE_CHECK_ARG(v.device == device_kind::cuda, name, "a cuda tensor", "a cpu tensor");
+// A kernel operand: on this device (check.h), contiguous, 16-byte aligned (the kernels' vector loads).
+void check_operand(const tensor_view& v, const char* name, int device) {
+  check_device_view(v, name, device, 16);
   MXMOE_CHECK_ARG(v.contiguous(), name, "a contiguous tensor", "strides " + shape_string(v.strides));
-  MXMOE_CHECK_ARG(reinterpret_cast<uintptr_t>(v.data) % 16 == 0, name, "16-byte aligned data",
-                  "address % 16 = " + std::to_string(reinterpret_cast<uintptr_t>(v.data) % 16));
 }
 
 }  // namespace
@@ -150,9 +149,8 @@ moe_layer::moe_layer(const moe_weights& w, const moe_config& cfg) : impl_(std::m
   m.legacy = legacy_path_requested();
   sm90::prepare_gemm_kernels();
   sm90::prepare_plan_kernel();
-  int device = 0, sms = 0;
-  MXMOE_CUDA_CHECK(cudaGetDevice(&device));
-  MXMOE_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+  int sms = 0;
+  MXMOE_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, current_device()));
   m.decode_resident_warps = int64_t{sms} * sm90::decode_ctas_per_sm() * sm90::kDecodeWarps;
   m.frag13 = {2 * I, H};
   m.frag2 = {H, I};
@@ -235,8 +233,9 @@ void moe_layer::forward(const tensor_view& x, const routing_input& routing, cons
   const int64_t E = c.shape.experts, H = c.shape.hidden, I = c.shape.intermediate;
   const int k = c.routing.top_k;
 
-  check_device_view(x, "x");
-  check_device_view(out, "out");
+  const int device = current_device();
+  check_operand(x, "x", device);
+  check_operand(out, "out", device);
   MXMOE_CHECK_ARG(x.type == dtype::bf16, "x", "dtype bf16", to_string(x.type));
   MXMOE_CHECK_ARG(out.type == dtype::bf16, "out", "dtype bf16", to_string(out.type));
   validate_moe_io(x, out, c);
@@ -244,12 +243,12 @@ void moe_layer::forward(const tensor_view& x, const routing_input& routing, cons
   MXMOE_CHECK_ARG(T <= 65536, "x", "at most 65536 tokens", std::to_string(T));
   const bool precomputed = !routing.ids.empty();
   if (precomputed) {
-    check_device_view(routing.ids, "routing.ids");
-    check_device_view(routing.weights, "routing.weights");
+    check_operand(routing.ids, "routing.ids", device);
+    check_operand(routing.weights, "routing.weights", device);
   } else {
     MXMOE_CHECK_ARG(!routing.logits.empty(), "routing", "logits [T, E] or ids and weights [T, k] on the device",
                     "nothing");
-    check_device_view(routing.logits, "routing.logits");
+    check_operand(routing.logits, "routing.logits", device);
   }
   validate_routing_input(routing, c, T);
   const workspace_plan plan(T, c);
