@@ -77,6 +77,18 @@ void expect_close(const std::vector<uint16_t>& gpu, const std::vector<float>& re
   EXPECT_GT(s.max_ref, 0.0) << what << ": the reference is all zeros, the test would prove nothing";
 }
 
+// The float64 reference of a call routed by f32 logits [T, E], x bf16 [T, H].
+std::vector<float> reference_by_logits(const std::vector<uint16_t>& x, const std::vector<float>& logits,
+                                       const moe_weights& w, const moe_config& cfg, int64_t T) {
+  const int64_t H = cfg.shape.hidden, E = cfg.shape.experts;
+  routing_input hr;
+  hr.logits = tensor_view(logits.data(), dtype::f32, {T, E});
+  std::vector<float> ref(static_cast<size_t>(T * H));
+  cpu::moe_forward(tensor_view(x.data(), dtype::bf16, {T, H}), hr, w, cfg,
+                   tensor_view(ref.data(), dtype::f32, {T, H}), cpu::precision::f64);
+  return ref;
+}
+
 enum class routing_mode { logits_f32, logits_bf16, precomputed };
 
 struct run_result {
@@ -395,12 +407,8 @@ TEST(GpuMoeGraph, CapturedForwardReplaysWithNewInputs) {
       CUDA_OK(cudaStreamSynchronize(stream));
       std::vector<uint16_t> out(static_cast<size_t>(T * H));
       dout.download(out.data(), out.size() * 2);
-      routing_input hr;
-      hr.logits = tensor_view(logits.data(), dtype::f32, {T, E});
-      std::vector<float> ref(static_cast<size_t>(T * H));
-      cpu::moe_forward(tensor_view(x.data(), dtype::bf16, {T, H}), hr, w, cfg,
-                       tensor_view(ref.data(), dtype::f32, {T, H}), cpu::precision::f64);
-      expect_close(out, ref, "graph replay T=" + std::to_string(T) + " " + std::to_string(rep));
+      expect_close(out, reference_by_logits(x, logits, w, cfg, T), "graph replay T=" + std::to_string(T) + " " +
+                                                                         std::to_string(rep));
     }
     cudaGraphExecDestroy(exec);
     cudaGraphDestroy(graph);
@@ -447,12 +455,8 @@ TEST(GpuMoeGraph, BackToBackForwardsShareTheWorkspace) {
     for (int c = 0; c < kCalls; ++c) {
       std::vector<uint16_t> out(static_cast<size_t>(T * H));
       dout[c].download(out.data(), out.size() * 2);
-      routing_input hr;
-      hr.logits = tensor_view(logits[c].data(), dtype::f32, {T, E});
-      std::vector<float> ref(static_cast<size_t>(T * H));
-      cpu::moe_forward(tensor_view(xs[c].data(), dtype::bf16, {T, H}), hr, w, cfg,
-                       tensor_view(ref.data(), dtype::f32, {T, H}), cpu::precision::f64);
-      expect_close(out, ref, "back to back T=" + std::to_string(T) + " call " + std::to_string(c));
+      expect_close(out, reference_by_logits(xs[c], logits[c], w, cfg, T),
+                   "back to back T=" + std::to_string(T) + " call " + std::to_string(c));
     }
   }
   cudaStreamDestroy(stream);

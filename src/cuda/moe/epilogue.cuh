@@ -1,4 +1,6 @@
-// moe/epilogue.cuh — the two epilogues of the MoE GEMMs, shared by every tile shape. A warp owns
+// moe/epilogue.cuh — a tile's rows and the two epilogues of the MoE GEMMs, shared by every tile
+// shape. load_tile_rows: per B row of a tile, the activation row it reads and the pair it writes.
+// store_row_tile: a warp owns
 // one 16-row fragment tile rt and NB blocks of 8 tokens in the mma accumulator layout (per block:
 // c[0], c[1] = row g, tokens 2t, 2t+1; c[2], c[3] = row g+8, same tokens — the layout of
 // mma.sync m16n8 and of each warp's part of a wgmma m64 tile).
@@ -17,6 +19,23 @@
 #include "kernels.h"
 
 namespace mxmoe::cuda::sm90::detail {
+
+// Row r < count of tile td reads activation row row_src[r] (GEMM1: token pair / k of x; GEMM2:
+// sorted position start + r of act) and writes pair row_pair[r]; -1 beyond the count. All
+// threads of the CTA call it; the caller synchronizes before reading the arrays.
+__device__ __forceinline__ void load_tile_rows(const tile_desc& td, const moe_workspace& ws, epilogue_kind ep,
+                                               int top_k, int bn, int* row_src, int* row_pair) {
+  for (int r = threadIdx.x; r < bn; r += blockDim.x) {
+    int src = -1, pair = -1;
+    if (r < td.count) {
+      const int s = td.start + r;
+      pair = ws.sorted[s];
+      src = ep == epilogue_kind::gate_up_activation ? pair / top_k : s;
+    }
+    row_src[r] = src;
+    row_pair[r] = pair;
+  }
+}
 
 // tok0: the tile-relative token of block 0's column 0; row_pair[r]: the pair of tile token r.
 template <int NB>

@@ -82,16 +82,7 @@ __device__ __forceinline__ void gemm_tile_body(uint8_t* smem, const tile_desc td
   // Per B row: the activation row it reads, and (GEMM2) the pair it writes.
   int* row_src = reinterpret_cast<int*>(smem + Cfg::STAGES * Cfg::STAGE_BYTES);
   int* row_pair = row_src + Cfg::BN;
-  for (int r = tid; r < Cfg::BN; r += Cfg::THREADS) {
-    int src = -1, pair = -1;
-    if (r < td.count) {
-      const int s = td.start + r;
-      pair = ws.sorted[s];
-      src = ep == epilogue_kind::gate_up_activation ? pair / top_k : s;
-    }
-    row_src[r] = src;
-    row_pair[r] = pair;
-  }
+  detail::load_tile_rows(td, ws, ep, top_k, Cfg::BN, row_src, row_pair);
   __syncthreads();
 
   const uint8_t* a_codes = w.codes + td.expert * w.expert_code_stride;

@@ -140,16 +140,7 @@ __global__ void __launch_bounds__(S::kThreads, 2)
   // Per B row: the activation row it reads, and (GEMM2) the pair it writes.
   int* row_src = reinterpret_cast<int*>(smem + S::kStages * stage_bytes);
   int* row_pair = row_src + S::BN;
-  for (int r = tid; r < S::BN; r += S::kThreads) {
-    int src = -1, pair = -1;
-    if (r < td.count) {
-      const int s = td.start + r;
-      pair = ws.sorted[s];
-      src = ep == epilogue_kind::gate_up_activation ? pair / top_k : s;
-    }
-    row_src[r] = src;
-    row_pair[r] = pair;
-  }
+  detail::load_tile_rows(td, ws, ep, top_k, S::BN, row_src, row_pair);
   __syncthreads();
 
   // This thread's B chunks: row cr, 16-byte column cq, fragment tiles ct0 + i * kTileStride of a
