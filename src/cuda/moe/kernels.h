@@ -58,8 +58,9 @@ struct gemm_weights {
 enum class epilogue_kind : int { gate_up_activation, weighted_down };
 
 // Tile shapes the launcher can pick from.
-//   decode: gemm_decode.cuh (weights streamed into registers, mma.sync; BN = 8, 16 or 32 tokens,
-//           K optionally split over the CTA's warps); needs the one-CTA plan (<= kPlanMaxPairs).
+//   decode: gemm_decode.cuh (weights streamed by each warp through a cp.async ring, mma.sync;
+//           BN = 8, 16 or 32 tokens, K optionally split over the CTA's warps); needs the one-CTA
+//           plan (<= kPlanMaxPairs).
 //   mid, large: gemm.cuh (wgmma, 64 / 128 tokens).
 //   legacy_decode: gemm.cuh's mma.sync tile of 16 tokens (the decode path before gemm_decode.cuh;
 //           kept selectable, see docs/moe_layer.md).
@@ -72,7 +73,7 @@ struct gemm_launch {
   int tokens_per_tile = 64;    // BN the schedule used (decode: 8, 16 or 32)
   int64_t max_tiles = 0;       // grid bound on the scheduled tiles
   int k_groups = 1;            // decode: warps of a CTA splitting K (1, 2 or 4, <= 32 / BN)
-  bool early_weights = false;  // decode: stream weights before waiting for the previous kernel
+  bool early_weights = false;  // decode: start copying weights before waiting for the previous kernel
                                // (the tile list was written two kernels back: GEMM2)
   bool dependent = true;       // programmatic dependent launch
 };

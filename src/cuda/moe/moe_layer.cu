@@ -52,8 +52,8 @@ int decode_tokens_per_tile(int64_t tokens) { return tokens <= 8 ? 8 : tokens <= 
 int64_t max_tiles(int64_t pairs, int64_t experts, int bn) { return pairs / bn + std::min(experts, pairs); }
 
 // Warps of a decode CTA splitting K: as many as keep the CTAs of the (at most min(E, pairs))
-// tiles resident at once and leave every K group >= 8 fragment tiles (two register rings), so
-// that small T still has ~4 KB of weights in flight per resident warp.
+// tiles resident at once and leave every K group >= 8 fragment tiles (the two stages in flight),
+// so that small T still has ~4 KB of weights in flight per resident warp.
 int decode_k_groups(int bn, int64_t est_tiles, int64_t rows, int64_t cols, int64_t resident_warps) {
   const layout::sm90_fragment frag{rows, cols};
   int kg = 1;
