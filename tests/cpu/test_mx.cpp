@@ -522,13 +522,76 @@ TEST(ScaleRules, LargestCodeWindowOfEachRule) {
   }
 }
 
-// ---- the kernels' fast E2M1 -> bf16 conversion -----------------------------------------------
+// ---- the sm90 fragment word and the kernels' fast E2M1 -> bf16 conversion -------------------
 
-// For every code, nibble position and scale byte 0..254: bf16(conv) * 2^126 * bf16(scale), in
-// float, equals mx::dequantize_value bit for bit. The two products are exact except when the
-// value exceeds the float (and bf16) range — e2m1 >= 2 at scale 254, >= 4 at 253 — where both
-// sides are Inf; every finite result is also exactly representable in bf16 (2 significant bits,
-// exponent >= -128 > bf16's subnormal floor).
+// A fragment word with `code` in `slot` and random codes elsewhere.
+uint32_t word_with(uint8_t code, int slot, std::mt19937& gen) {
+  uint8_t codes[8];
+  for (auto& c : codes) c = static_cast<uint8_t>(gen() & 0xF);
+  codes[slot] = code;
+  return mx::fragment_word_pack(codes);
+}
+
+// The bf16 the conversion must give a code: sign at bit 15, magnitude bits at 8..6.
+uint16_t bf16_pow2m126_of(uint8_t code) {
+  return static_cast<uint16_t>(((code & 8u) << 12) | ((code & 7u) << 6));
+}
+
+TEST(FragmentWord, BitPlacementIsAPermutationOfTheWord) {
+  uint64_t seen = 0;
+  for (int slot = 0; slot < 8; ++slot)
+    for (int b = 0; b < 4; ++b) {
+      const int bit = mx::fragment_bit(slot, b);
+      ASSERT_TRUE(bit >= 0 && bit < 32) << slot << " " << b;
+      ASSERT_FALSE((seen >> bit) & 1u) << "bit " << bit << " used twice";
+      seen |= uint64_t{1} << bit;
+    }
+  EXPECT_EQ(seen, 0xFFFFFFFFull);
+}
+
+// Every pair of slots with every pair of codes (the other slots random): packing then reading
+// back gives the codes; and every word read then packed gives the word back.
+TEST(FragmentWord, PackAndReadBackRoundTrip) {
+  std::mt19937 gen(17);
+  for (int s1 = 0; s1 < 8; ++s1)
+    for (int s2 = s1 + 1; s2 < 8; ++s2)
+      for (int c1 = 0; c1 < 16; ++c1)
+        for (int c2 = 0; c2 < 16; ++c2) {
+          uint8_t codes[8];
+          for (auto& c : codes) c = static_cast<uint8_t>(gen() & 0xF);
+          codes[s1] = static_cast<uint8_t>(c1);
+          codes[s2] = static_cast<uint8_t>(c2);
+          const uint32_t w = mx::fragment_word_pack(codes);
+          for (int s = 0; s < 8; ++s) ASSERT_EQ(mx::fragment_word_code(w, s), codes[s]) << s1 << s2 << " slot " << s;
+        }
+  for (int i = 0; i < 200000; ++i) {
+    const uint32_t w = i < 32 ? 1u << i : static_cast<uint32_t>(gen());
+    uint8_t codes[8];
+    for (int s = 0; s < 8; ++s) codes[s] = mx::fragment_word_code(w, s);
+    ASSERT_EQ(mx::fragment_word_pack(codes), w) << std::hex << w;
+  }
+}
+
+// fragment_bf16x2_pow2m126(w, r) holds slot r's code (low half) and slot r+4's (high half) in the
+// bf16 form above. The conversion only shifts and masks, so each output bit is one input bit or
+// 0: checking the zero word and the 32 one-bit words covers all 2^32 words; random words on top.
+TEST(FragmentWord, FastConversionReadsEverySlot) {
+  std::mt19937 gen(23);
+  for (int i = -1; i < 300000; ++i) {
+    const uint32_t w = i < 0 ? 0u : i < 32 ? 1u << i : static_cast<uint32_t>(gen());
+    for (int r = 0; r < 4; ++r) {
+      const uint32_t want = bf16_pow2m126_of(mx::fragment_word_code(w, r)) |
+                            (static_cast<uint32_t>(bf16_pow2m126_of(mx::fragment_word_code(w, r + 4))) << 16);
+      ASSERT_EQ(mx::fragment_bf16x2_pow2m126(w, r), want) << std::hex << "word " << w << " register " << r;
+    }
+  }
+}
+
+// For every code, slot and scale byte 0..255: bf16(conv) * 2^126 * bf16(scale), in float, equals
+// mx::dequantize_value bit for bit. The two products are exact except when the value exceeds the
+// float (and bf16) range — e2m1 >= 2 at scale 254, >= 4 at 253 — where both sides are Inf; every
+// finite result is also exactly representable in bf16 (2 significant bits, exponent >= -128 >
+// bf16's subnormal floor).
 TEST(FastConversion, MatchesDequantizeValue) {
   std::mt19937 gen(31);
   const float pow2_126 = mxmoe::bf16_to_float(mx::kBf16Pow2_126);
@@ -536,18 +599,17 @@ TEST(FastConversion, MatchesDequantizeValue) {
   for (int s = 0; s <= 255; ++s) {
     const float scale = mxmoe::bf16_to_float(mx::e8m0_to_bf16_bits(static_cast<uint8_t>(s)));
     for (int code = 0; code < 16; ++code)
-      for (int pos = 0; pos < 8; ++pos) {
-        uint32_t word = gen();
-        word = (word & ~(0xFu << (4 * pos))) | (static_cast<uint32_t>(code) << (4 * pos));
-        const uint32_t pair = mx::e2m1x2_to_bf16x2_pow2m126(word, 4 * (pos % 4));
-        const uint16_t half = static_cast<uint16_t>(pos < 4 ? pair & 0xFFFFu : pair >> 16);
+      for (int slot = 0; slot < 8; ++slot) {
+        const uint32_t word = word_with(static_cast<uint8_t>(code), slot, gen);
+        const uint32_t pair = mx::fragment_bf16x2_pow2m126(word, slot % 4);
+        const uint16_t half = static_cast<uint16_t>(slot < 4 ? pair & 0xFFFFu : pair >> 16);
         const float got = mxmoe::bf16_to_float(half) * pow2_126 * scale;
         const float want = mx::dequantize_value(static_cast<uint8_t>(code), static_cast<uint8_t>(s));
         if (s == 0xFF) {
           ASSERT_TRUE(std::isnan(got) && std::isnan(want));
           continue;
         }
-        ASSERT_EQ(bits(got), bits(want)) << "code " << code << " pos " << pos << " scale " << s;
+        ASSERT_EQ(bits(got), bits(want)) << "code " << code << " slot " << slot << " scale " << s;
         const double exact = std::ldexp(static_cast<double>(mx::e2m1_to_float(code)), s - 127);
         if (std::fabs(exact) >= std::ldexp(1.0, 128)) {
           ASSERT_TRUE(std::isinf(got));
