@@ -11,6 +11,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <functional>
 #include <mutex>
@@ -552,6 +553,43 @@ TEST(TensorParallel, MatchesTheLayerOnEveryRank) {
       EXPECT_LT(rel_l2(got, want), 4e-3);  // one bf16 rounding
     }
   }
+}
+
+// ---- NCCL and the launch environment ---------------------------------------------------------
+
+// Without a loadable NCCL the library says so and why, and never falls back.
+TEST(Nccl, AbsentLibraryIsReportedWithTheReason) {
+  setenv("MXMOE_NCCL_LIBRARY", "/nonexistent/libnccl.so.2", 1);
+  std::string why;
+  EXPECT_FALSE(parallel::nccl_available(&why));
+  EXPECT_FALSE(why.empty());
+  EXPECT_THROW(parallel::nccl_new_unique_id(), unsupported);
+  EXPECT_THROW(parallel::nccl_communicator({}, 0, 1), unsupported);
+}
+
+TEST(Launch, EnvironmentIsReadAndCheckedByName) {
+  unsetenv("WORLD_SIZE");
+  EXPECT_FALSE(parallel::launch_info_from_environment().launched);
+  setenv("WORLD_SIZE", "4", 1);
+  setenv("RANK", "3", 1);
+  setenv("LOCAL_RANK", "1", 1);
+  setenv("MXMOE_NCCL_ID_FILE", "/tmp/id", 1);
+  const parallel::launch_info info = parallel::launch_info_from_environment();
+  EXPECT_TRUE(info.launched);
+  EXPECT_EQ(info.ranks, 4);
+  EXPECT_EQ(info.rank, 3);
+  EXPECT_EQ(info.local_rank, 1);
+  EXPECT_EQ(info.id_file, "/tmp/id");
+  setenv("RANK", "4", 1);  // not below WORLD_SIZE
+  try {
+    parallel::launch_info_from_environment();
+    FAIL() << "accepted RANK = WORLD_SIZE";
+  } catch (const invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("RANK"), std::string::npos) << e.what();
+  }
+  setenv("RANK", "x1", 1);
+  EXPECT_THROW(parallel::launch_info_from_environment(), invalid_argument);
+  for (const char* v : {"WORLD_SIZE", "RANK", "LOCAL_RANK", "MXMOE_NCCL_ID_FILE"}) unsetenv(v);
 }
 
 }  // namespace
