@@ -42,7 +42,7 @@ class communicator {
   virtual int rank() const = 0;
   virtual int size() const = 0;
   virtual device_kind device() const = 0;
-  virtual std::string name() const = 0;  // "nccl 2.28.9", "in-process group (host)"
+  virtual std::string name() const = 0;  // "nccl 2.28.9", "in-process group on the host"
   // Rank r's bytes [q * bytes, (q + 1) * bytes) of `send` arrive at rank q's `recv` at r * bytes,
   // for every rank q, r itself included.
   struct exchange {

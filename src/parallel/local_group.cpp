@@ -34,7 +34,7 @@ class local_communicator final : public communicator {
   int size() const override { return g_->ranks; }
   device_kind device() const override { return g_->device; }
   std::string name() const override {
-    return std::string("in-process group (") + (g_->device == device_kind::cuda ? "one GPU" : "host") + ")";
+    return std::string("in-process group on ") + (g_->device == device_kind::cuda ? "one GPU" : "the host");
   }
 
   void all_to_all(const std::vector<exchange>& parts, void* stream) override {
