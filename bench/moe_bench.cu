@@ -57,6 +57,8 @@ __global__ void fill_random_bytes(uint8_t* p, int64_t n, uint64_t seed, int lo, 
   }
 }
 
+}  // namespace
+
 void random_device_bytes(cuda::device_buffer& b, uint64_t seed, int lo, int span) {
   fill_random_bytes<<<1024, 256>>>(static_cast<uint8_t*>(b.data()), static_cast<int64_t>(b.size()), seed, lo, span);
   MXMOE_CUDA_CHECK(cudaGetLastError());
@@ -89,6 +91,8 @@ double measure_copy_tbps() {
   cudaEventDestroy(e1);
   return 2.0 * static_cast<double>(bytes) / (median(t) * 1e-3) / 1e12;
 }
+
+namespace {
 
 struct torch_baseline {
   double bf16_tflops = 0.0, copy_tbps = 0.0;
@@ -142,6 +146,7 @@ peer_baseline load_peer(const std::string& path) {
 }  // namespace
 
 int run_moe_bench(const moe_bench_options& opt) {
+  if (opt.ep > 1 || opt.tp > 1) return run_moe_bench_parallel(opt);
   std::string why;
   if (!cuda::available(&why)) {
     std::fprintf(stderr, "mxmoe bench: the cuda backend is unavailable: %s\n", why.c_str());

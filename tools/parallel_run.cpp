@@ -98,7 +98,7 @@ parallel_outcome run_verified_parallel(const moe_weights& weights, const moe_con
       parallel::ep_layer layer(mine.weights(), cfg, comm, {.owners = owners, .max_tokens = rows, .capacity = 0});
       layer.forward(io.x, io.routing(), io.out);
     } else {
-      parallel::tp_layer layer(weights, cfg, comm, rows);
+      parallel::tp_layer layer(weights, cfg, comm, {.max_tokens = rows});
       layer.forward(io.x, io.routing(), io.out);
     }
     if (backend == device_kind::cuda) cuda::synchronize();

@@ -157,10 +157,18 @@ class ep_layer {
 // (the same x and routing on every rank), and the partial outputs are gathered and summed in rank
 // order (f32, one rounding): every rank ends with the same bits, the one-GPU layer's within the
 // rounding of each partial (bf16 on cuda).
+struct tp_options {
+  int64_t max_tokens = 0;  // the largest T of a call (buffers are sized for it), >= 1
+  // false: the weights are the whole layer in host memory (MXFP4), cut here into this rank's
+  // shard. true: they are this rank's shard already (shard_weights(weights, cfg, {rank, P}), in
+  // host or device memory: what a loader reading only its part holds).
+  bool sharded = false;
+};
+
 class tp_layer {
  public:
-  // weights: the whole layer in host memory (MXFP4), cut here into this rank's shard.
-  tp_layer(const moe_weights& weights, const moe_config& cfg, communicator& comm, int64_t max_tokens);
+  // cfg: the whole layer's (I); the shard's I_r is shard_intermediate(I, {rank, P}).
+  tp_layer(const moe_weights& weights, const moe_config& cfg, communicator& comm, const tp_options& options);
   ~tp_layer();
   tp_layer(const tp_layer&) = delete;
   tp_layer& operator=(const tp_layer&) = delete;

@@ -23,16 +23,24 @@ struct tp_layer::impl {
   dtype partial_type() const { return device == device_kind::cuda ? dtype::bf16 : dtype::f32; }
 };
 
-tp_layer::tp_layer(const moe_weights& weights, const moe_config& cfg, communicator& comm, int64_t max_tokens)
+tp_layer::tp_layer(const moe_weights& weights, const moe_config& cfg, communicator& comm, const tp_options& options)
     : impl_(std::make_unique<impl>()) {
   impl& m = *impl_;
   validate(cfg);
-  MXMOE_CHECK_ARG(max_tokens >= 1, "max_tokens", ">= 1", std::to_string(max_tokens));
+  const int64_t max_tokens = options.max_tokens;
+  MXMOE_CHECK_ARG(max_tokens >= 1, "options.max_tokens", ">= 1", std::to_string(max_tokens));
   m.comm = &comm;
   m.cfg = cfg;
   m.device = comm.device();
   m.max_tokens = max_tokens;
-  m.shard.emplace(prepare(weights, cfg, m.device, {{}, {comm.rank(), comm.size()}}));
+  const tp_shard mine{comm.rank(), comm.size()};
+  if (options.sharded) {
+    moe_config shard_cfg = cfg;
+    shard_cfg.shape.intermediate = shard_intermediate(cfg.shape.intermediate, mine);
+    m.shard.emplace(prepare(weights, shard_cfg, m.device));
+  } else {
+    m.shard.emplace(prepare(weights, cfg, m.device, {{}, mine}));
+  }
   const size_t n = static_cast<size_t>(max_tokens * cfg.shape.hidden) * static_cast<size_t>(dtype_size(m.partial_type()));
   m.partial = buffer(m.device, n);
   m.gathered = buffer(m.device, n * static_cast<size_t>(comm.size()));
@@ -54,7 +62,7 @@ void tp_layer::forward(const tensor_view& x, const routing_input& routing, const
   impl& m = *impl_;
   validate_moe_io(x, out, m.cfg);
   const int64_t T = x.dim(0), H = m.cfg.shape.hidden;
-  MXMOE_CHECK_ARG(T <= m.max_tokens, "x", "at most max_tokens = " + std::to_string(m.max_tokens) + " tokens",
+  MXMOE_CHECK_ARG(T <= m.max_tokens, "x", "at most options.max_tokens = " + std::to_string(m.max_tokens) + " tokens",
                   std::to_string(T));
   MXMOE_CHECK_ARG(out.device == m.device, "out", "a tensor on the communicator's device", "another device");
   if (m.device == device_kind::cuda)

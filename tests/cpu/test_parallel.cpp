@@ -528,11 +528,16 @@ TEST(TensorParallel, MatchesTheLayerOnEveryRank) {
     std::vector<std::vector<uint8_t>> out(static_cast<size_t>(ranks),
                                           std::vector<uint8_t>(static_cast<size_t>(T * H * dtype_size(out_type))));
     auto group = parallel::make_local_group(ranks, device_kind::cpu);
+    std::vector<std::vector<uint8_t>> from_shards = out;  // the ranks given their shards only
     parallel::run_ranks(ranks, [&](int r) {
-      parallel::tp_layer tp(full.weights(), cfg, *group[static_cast<size_t>(r)], T);
+      parallel::tp_layer tp(full.weights(), cfg, *group[static_cast<size_t>(r)], {.max_tokens = T});
       EXPECT_EQ(tp.shard().config().shape.intermediate, shard_intermediate(inter, {r, ranks}));
       tp.forward(in.x_view(), in.routing(), tensor_view(out[static_cast<size_t>(r)].data(), out_type, {T, H}));
+      const owned_weights mine = shard_weights(full.weights(), cfg, {r, ranks});
+      parallel::tp_layer pre(mine.weights(), cfg, *group[static_cast<size_t>(r)], {.max_tokens = T, .sharded = true});
+      pre.forward(in.x_view(), in.routing(), tensor_view(from_shards[static_cast<size_t>(r)].data(), out_type, {T, H}));
     });
+    EXPECT_EQ(from_shards, out) << "pre-sharded weights give other bits";
     // By definition: the f32 sum in rank order of the shards' cpu outputs.
     std::vector<float> expect(static_cast<size_t>(T * H), 0.0f);
     for (int r = 0; r < ranks; ++r) {

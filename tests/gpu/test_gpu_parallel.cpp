@@ -360,7 +360,7 @@ TEST(GpuParallelLocal, TensorParallelTwoRanksAgreeAndMatchTheLayer) {
   std::vector<std::vector<uint16_t>> out(2);
   auto group = parallel::make_local_group(2, device_kind::cuda);
   parallel::run_ranks(2, [&](int r) {
-    parallel::tp_layer tp(full.weights(), cfg, *group[static_cast<size_t>(r)], T);
+    parallel::tp_layer tp(full.weights(), cfg, *group[static_cast<size_t>(r)], {.max_tokens = T});
     cuda::device_buffer dout(static_cast<size_t>(T * H) * 2);
     tp.forward(c.x_view(H), c.device_routing(cfg), dout.view(dtype::bf16, {T, H}));
     cuda::synchronize();
@@ -407,7 +407,7 @@ TEST(GpuParallelNccl, SingleRankExpertParallelIsTheLayer) {
     expect_near_reference(to_float(got), reference(full.weights(), cfg, c),
                           std::string("nccl ep P=1, ") + (pre ? "ids" : "logits"));
   }
-  parallel::tp_layer tp(full.weights(), cfg, *comm, 64);
+  parallel::tp_layer tp(full.weights(), cfg, *comm, {.max_tokens = 64});
   const call_inputs c(cfg, full.weights(), 20, 63, true);
   cuda::device_buffer dout(20 * 128 * 2);
   tp.forward(c.x_view(128), c.device_routing(cfg), dout.view(dtype::bf16, {20, 128}));
