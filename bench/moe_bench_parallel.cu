@@ -12,8 +12,9 @@
 //   comm_us   the exchanges alone, the same sizes in the same groups (EP: the dispatch all-to-all of
 //             x, ids and weights and the return all-to-all; TP: the all-gather of the partials)
 //   gpu1_us   the one-GPU layer at the same T on rank 0's GPU
-//   floor_us  rank 0's floor: the bytes of the experts its tokens touch (E2M1 + scales) and of
-//             its activations at the copy bandwidth measured here (moe_bench.cu's ceiling)
+//   floor_us  rank 0's floor: the bytes of the experts it computes for (EP: its experts that any
+//             rank's tokens touch; TP: its shard of every touched expert; E2M1 + scales) and of its
+//             activations, at the copy bandwidth measured here (moe_bench.cu's ceiling)
 // Only rank 0 prints and writes --json; every rank runs the same loop (the collectives keep them
 // in step).
 #include <cuda_runtime.h>
@@ -212,8 +213,12 @@ int run_moe_bench_parallel(const moe_bench_options& opt) {
       whole.w.correction_bias = whole_small.weights().correction_bias;
       one_gpu.emplace(prepare(whole.w, cfg, device_kind::cuda));
     }
-    // Inputs: this rank's tokens (seed by rank); rank 0 also the whole call's for the one-GPU layer.
-    const synthetic::layer_inputs mine = synthetic::make_inputs(cfg, whole_small.weights(), max_rows, 300 + static_cast<uint64_t>(rank));
+    // Inputs: EP rank q's tokens from seed 300 + q (rank 0 draws them all, to count the experts its
+    // rows touch); TP every rank the same call. The one-GPU layer gets the whole call's.
+    std::vector<synthetic::layer_inputs> of_rank;
+    for (int q = 0; q < (ep ? P : 1); ++q)
+      of_rank.push_back(synthetic::make_inputs(cfg, whole_small.weights(), max_rows, 300 + static_cast<uint64_t>(q)));
+    const synthetic::layer_inputs& mine = of_rank[ep ? static_cast<size_t>(rank) : 0];
     const synthetic::layer_inputs all = synthetic::make_inputs(cfg, whole_small.weights(), max_t, 300);
     cuda::device_buffer x(mine.x.size() * 2), logits(mine.logits.size() * 4), out(static_cast<size_t>(max_rows * H) * 2);
     x.upload(mine.x.data(), mine.x.size() * 2);
@@ -268,7 +273,11 @@ int run_moe_bench_parallel(const moe_bench_options& opt) {
                         ws1.size(), s);
           },
           opt.iters, stream, flush);
-      const std::vector<int32_t> ids = route_on_host(mine, rows, cfg, whole_small.correction_bias);
+      std::vector<int32_t> ids;  // the routing of every row rank 0 computes for
+      for (const synthetic::layer_inputs& q : of_rank) {
+        const std::vector<int32_t> part = route_on_host(q, rows, cfg, whole_small.correction_bias);
+        ids.insert(ids.end(), part.begin(), part.end());
+      }
       const double local = ep ? touched(ids, [&](int32_t e) { return owners[static_cast<size_t>(e)] == 0; })
                               : touched(ids, [](int32_t) { return true; });
       const double bytes = local * 3.0 * H * static_cast<double>(held.shape.intermediate) * 4.25 / 8.0 + 2.0 * rows * H * 2.0;

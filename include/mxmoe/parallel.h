@@ -78,8 +78,8 @@ struct nccl_unique_id {
 nccl_unique_id nccl_new_unique_id();
 
 // A communicator of `ranks` ranks over NCCL on the current device (ncclCommInitRank; every rank
-// calls it with the same id). NCCL_NVLS_ENABLE is set to 0 when unset: mxmoe never asks for
-// NVLink multicast. Throws mxmoe::unsupported when NCCL is unavailable, std::runtime_error with
+// calls it with the same id). NCCL_NVLS_ENABLE is set to 0, when unset, before NCCL is first
+// loaded: mxmoe never asks for NVLink multicast. Throws mxmoe::unsupported when NCCL is unavailable, std::runtime_error with
 // NCCL's message when it fails.
 std::unique_ptr<communicator> nccl_communicator(const nccl_unique_id& id, int rank, int ranks);
 

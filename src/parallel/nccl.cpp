@@ -60,6 +60,7 @@ bool resolve(void* lib, const char* name, F* fn, std::string* error) {
 
 nccl_api load() {
   nccl_api a;
+  setenv("NCCL_NVLS_ENABLE", "0", 0);  // before NCCL reads its environment: never NVLink multicast
   const char* env = std::getenv("MXMOE_NCCL_LIBRARY");
   const std::string path = env != nullptr && *env != '\0' ? env : "libnccl.so.2";
   void* lib = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
@@ -166,7 +167,6 @@ std::unique_ptr<communicator> nccl_communicator(const nccl_unique_id& id, int ra
   MXMOE_CHECK_ARG(ranks >= 1, "ranks", ">= 1", std::to_string(ranks));
   MXMOE_CHECK_ARG(rank >= 0 && rank < ranks, "rank", "a value in [0, " + std::to_string(ranks) + ")", std::to_string(rank));
   loaded_api();
-  setenv("NCCL_NVLS_ENABLE", "0", 0);  // never NVLink multicast (docs/parallel.md)
   return std::make_unique<nccl_comm>(id, rank, ranks);
 }
 
