@@ -32,4 +32,15 @@ void random_device_bytes(cuda::device_buffer& b, uint64_t seed, int lo, int span
 double median(std::vector<double> v);
 double measure_copy_tbps();  // device copy bandwidth, bytes read + written, TB/s
 
+// The four checkpoint-layout MXFP4 expert tensors of `held` (E, H, I of what one GPU holds) drawn
+// on the device with the synthetic recipe (include/mxmoe/synthetic.h): random codes, scale bytes
+// around synthetic::scale_centre(K), K = H for GEMM1 and `down_scale_k` for GEMM2 (the whole
+// layer's I also for a tensor-parallel shard, so that its partial has its share). Seeds seed .. seed + 3.
+struct device_expert_weights {
+  device_expert_weights(const moe_shape& held, int64_t down_scale_k, uint64_t seed);
+  void bind(moe_weights& w) const;  // points w's four expert tensors here
+  moe_shape shape;
+  cuda::device_buffer gate_up_blocks, gate_up_scales, down_blocks, down_scales;
+};
+
 }  // namespace mxmoe::bench

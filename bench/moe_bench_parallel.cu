@@ -51,35 +51,18 @@ moe_config shapes_only(moe_config cfg) {
   return cfg;
 }
 
-// Checkpoint-layout MXFP4 weights of `held` (E and I of what one GPU holds) drawn on the device,
-// and its biases from the synthetic layer; the caller adds the correction bias [E]. Alive while
-// this lives.
-struct device_weights {
-  synthetic::mxfp4_layer host;  // biases, correction bias
-  cuda::device_buffer b13, s13, b2, s2;
+// What one GPU holds of the layer: its expert tensors on the device, its biases from the
+// synthetic layer (the caller adds the correction bias [E]). Alive while this lives.
+struct device_part {
+  synthetic::mxfp4_layer host;  // biases
+  device_expert_weights expert;
   moe_weights w;
-
-  device_weights(const moe_config& held, const moe_config& whole, bool biases, uint64_t seed)
+  device_part(const moe_config& held, const moe_config& whole, bool biases, uint64_t seed)
       : host(synthetic::make_layer(shapes_only(held), {.biases = biases, .correction_bias = false, .expert_weights = false},
-                                   seed)) {
-    const int64_t E = held.shape.experts, H = held.shape.hidden, I = held.shape.intermediate;
-    const layout::checkpoint_mxfp4 gu{E, 2 * I, H}, dn{E, H, I};
-    b13 = cuda::device_buffer(static_cast<size_t>(gu.block_bytes()));
-    s13 = cuda::device_buffer(static_cast<size_t>(gu.scale_bytes()));
-    b2 = cuda::device_buffer(static_cast<size_t>(dn.block_bytes()));
-    s2 = cuda::device_buffer(static_cast<size_t>(dn.scale_bytes()));
-    constexpr int kSpan = 2 * synthetic::kScaleSpread + 1;
-    random_device_bytes(b13, seed * 4 + 1, 0, 256);
-    random_device_bytes(s13, seed * 4 + 2, synthetic::scale_centre(H) - synthetic::kScaleSpread, kSpan);
-    random_device_bytes(b2, seed * 4 + 3, 0, 256);
-    // GEMM2's scales as the whole layer's (K = the whole I), so a shard's partial has its share.
-    random_device_bytes(s2, seed * 4 + 4, synthetic::scale_centre(whole.shape.intermediate) - synthetic::kScaleSpread,
-                        kSpan);
+                                   seed)),
+        expert(held.shape, whole.shape.intermediate, seed) {
     w = host.weights();
-    w.gate_up_blocks = b13.view(dtype::u8, {E, 2 * I, H / 32, 16});
-    w.gate_up_scales = s13.view(dtype::u8, {E, 2 * I, H / 32});
-    w.down_blocks = b2.view(dtype::u8, {E, H, I / 32, 16});
-    w.down_scales = s2.view(dtype::u8, {E, H, I / 32});
+    expert.bind(w);
   }
 };
 
@@ -201,7 +184,7 @@ int run_moe_bench_parallel(const moe_bench_options& opt) {
     if (ep) held.shape.experts = layout::even_split{E, P}.count(rank);
     else held.shape.intermediate = shard_intermediate(I, {rank, P});
     {
-      device_weights part(held, cfg, preset->has_biases, 11 + static_cast<uint64_t>(rank));
+      device_part part(held, cfg, preset->has_biases, 100 + 4 * static_cast<uint64_t>(rank));
       part.w.correction_bias = whole_small.weights().correction_bias;
       if (!ep && rank != 0) part.w.down_bias = {};  // added once over the ranks
       if (ep) ep_layer.emplace(part.w, cfg, *comm, parallel::ep_options{.owners = owners, .max_tokens = max_rows});
@@ -209,7 +192,7 @@ int run_moe_bench_parallel(const moe_bench_options& opt) {
     }
     std::optional<prepared_moe> one_gpu;  // rank 0: the whole layer
     if (lead) {
-      device_weights whole(cfg, cfg, preset->has_biases, 7);
+      device_part whole(cfg, cfg, preset->has_biases, 11);  // the one-GPU benchmark's weights
       whole.w.correction_bias = whole_small.weights().correction_bias;
       one_gpu.emplace(prepare(whole.w, cfg, device_kind::cuda));
     }

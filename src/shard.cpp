@@ -15,16 +15,6 @@
 namespace mxmoe {
 namespace {
 
-owned_tensor copy_whole(const tensor_view& v) {
-  owned_tensor t;
-  if (is_absent(v)) return t;
-  const auto* p = static_cast<const uint8_t*>(v.data);
-  t.bytes.assign(p, p + v.nbytes());
-  t.type = v.type;
-  t.shape = v.shape;
-  return t;
-}
-
 // Bytes of one row of an expert tensor [E, R, rest...] (a 2-D [E, R] tensor has one element a row).
 int64_t row_bytes(const tensor_view& v) {
   int64_t n = dtype_size(v.type);
@@ -63,6 +53,16 @@ void check_host_weights(const moe_weights& w, const char* what) {
 }
 
 }  // namespace
+
+owned_tensor owned_tensor::copy_of(const tensor_view& v) {
+  owned_tensor t;
+  if (is_absent(v)) return t;
+  const auto* p = static_cast<const uint8_t*>(v.data);
+  t.bytes.assign(p, p + v.nbytes());
+  t.type = v.type;
+  t.shape = v.shape;
+  return t;
+}
 
 tensor_view owned_tensor::view() const {
   if (shape.empty()) return {};
@@ -144,9 +144,9 @@ owned_weights select_experts(const moe_weights& w, const moe_config& cfg, const 
   o.down = pick(w.down);
   o.gate_up_bias = pick(w.gate_up_bias);
   o.down_bias = pick(w.down_bias);
-  o.router_weight = copy_whole(w.router_weight);
-  o.router_bias = copy_whole(w.router_bias);
-  o.correction_bias = copy_whole(w.correction_bias);
+  o.router_weight = owned_tensor::copy_of(w.router_weight);
+  o.router_bias = owned_tensor::copy_of(w.router_bias);
+  o.correction_bias = owned_tensor::copy_of(w.correction_bias);
   return o;
 }
 
@@ -184,10 +184,10 @@ owned_weights shard_weights(const moe_weights& w, const moe_config& cfg, const t
   o.down_scales = cut_rows(w.down_scales, {held, H, nb}, experts, same_row, down.scale_offset(0, 0, b0));
   if (!is_absent(w.gate_up_bias))
     o.gate_up_bias = cut_rows(w.gate_up_bias, {held, 2 * ir}, experts, gate_up_source, 0);
-  if (s.rank == 0) o.down_bias = copy_whole(w.down_bias);  // added once over the ranks
-  o.router_weight = copy_whole(w.router_weight);
-  o.router_bias = copy_whole(w.router_bias);
-  o.correction_bias = copy_whole(w.correction_bias);
+  if (s.rank == 0) o.down_bias = owned_tensor::copy_of(w.down_bias);  // added once over the ranks
+  o.router_weight = owned_tensor::copy_of(w.router_weight);
+  o.router_bias = owned_tensor::copy_of(w.router_bias);
+  o.correction_bias = owned_tensor::copy_of(w.correction_bias);
   return o;
 }
 

@@ -44,6 +44,7 @@ struct owned_tensor {
   dtype type = dtype::u8;
   std::vector<int64_t> shape;
   tensor_view view() const;  // absent view for an absent tensor
+  static owned_tensor copy_of(const tensor_view& host);  // absent stays absent
 };
 
 // A layer's weights owning their bytes: what the cuts below return.

@@ -36,16 +36,6 @@ struct ep_layer::impl {
 
 namespace {
 
-owned_tensor copy_of(const tensor_view& v) {
-  owned_tensor t;
-  if (is_absent(v)) return t;
-  const auto* p = static_cast<const uint8_t*>(v.data);
-  t.bytes.assign(p, p + v.nbytes());
-  t.type = v.type;
-  t.shape = v.shape;
-  return t;
-}
-
 void check_on(const tensor_view& v, const char* name, device_kind d) {
   if (is_absent(v)) return;
   MXMOE_CHECK_ARG(v.device == d, name, d == device_kind::cuda ? "a cuda tensor (the communicator's device)"
@@ -87,9 +77,9 @@ ep_layer::ep_layer(const moe_weights& weights, const moe_config& cfg, communicat
                     std::to_string(rows));
 
   m.layer.emplace(prepare(weights, cfg, m.device, {expert_map_of(m.owners, m.rank), {}}));
-  m.router_weight = copy_of(weights.router_weight);
-  m.router_bias = copy_of(weights.router_bias);
-  m.correction_bias = copy_of(weights.correction_bias);
+  m.router_weight = owned_tensor::copy_of(weights.router_weight);
+  m.router_bias = owned_tensor::copy_of(weights.router_bias);
+  m.correction_bias = owned_tensor::copy_of(weights.correction_bias);
 
   // pad_ids[q]: an expert q does not own (-1 when it owns all: then every row is used).
   std::vector<int32_t> pad(static_cast<size_t>(m.ranks), -1);
