@@ -227,12 +227,12 @@ __device__ void route_token(const void* __restrict__ logits, bool logits_bf16, c
   __syncwarp();  // sel is reused by the warp's next token
 }
 
-// One warp per token. count_pairs: also bump counts[e] and record pos[p] (the four-step path).
 // The local index of expert e (expert_map: null for a layer holding every expert).
 __device__ __forceinline__ int local_expert(const int32_t* __restrict__ expert_map, int e) {
   return expert_map != nullptr ? expert_map[e] : e;
 }
 
+// One warp per token. count_pairs: also bump counts[e] and record pos[p] (the four-step path).
 template <int PER_LANE>
 __global__ void __launch_bounds__(kRouteWarps * 32)
     route_kernel(const void* __restrict__ logits, bool logits_bf16, const float* __restrict__ correction_bias,
