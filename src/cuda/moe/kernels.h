@@ -7,6 +7,7 @@
 //   schedule            -> offsets[e] (exclusive scan), tiles[] = (expert, start, count) of at
 //                          most BN pairs each, in expert order; num_tiles
 //   scatter             -> sorted[offsets[e] + pos[p]] = p
+//   (prefill: gather    -> ybuf as [sorted position, H] = x[sorted[s] / k], GEMM1's B rows)
 //   GEMM1 (+act)        -> act[s, I] bf16 for sorted position s
 //   GEMM2 (*w, +b2)     -> ybuf[p, H] bf16 (routing weight applied)
 //   combine             -> out[t, H] = sum_j ybuf[t*k + j]   (fixed order: deterministic)
@@ -64,6 +65,18 @@ void prepare_gemm_kernels();
 void launch_gemm(gemm_config c, const gemm_weights& w, const uint16_t* b_rows, const moe_workspace& ws,
                  int top_k, epilogue_kind ep, const activation_config& act, int64_t max_tiles,
                  cudaStream_t stream);
+
+// Prefill and the 512–2048-token transition (gemm_prefill.cuh): persistent warp-specialized
+// GEMMs whose B rows are contiguous in expert-sorted order (row s = sorted position s).
+enum class prefill_config : int { narrow, wide };
+int prefill_tokens_per_tile(prefill_config c);  // tokens_per_tile of the schedule
+void prepare_prefill_kernels();                 // like prepare_gemm_kernels
+void launch_gemm_prefill(prefill_config c, const gemm_weights& w, const uint16_t* b_rows, int64_t b_row_count,
+                         const moe_workspace& ws, epilogue_kind ep, const activation_config& act, int64_t max_tiles,
+                         cudaStream_t stream);
+// rows[s, :] = x[sorted[s] / top_k, :] for the valid sorted positions (gather_rows.cu).
+void launch_gather_sorted_rows(const uint16_t* x, int64_t pairs, int top_k, int64_t hidden, int64_t experts,
+                               const moe_workspace& ws, uint16_t* rows, cudaStream_t stream);
 
 // Routing from logits (f32 or bf16 [T, E]); fills ids, weights, counts, pos.
 void launch_route(const void* logits, bool logits_bf16, const float* correction_bias, const routing_config& r,

@@ -32,6 +32,17 @@ gemm_config pick_config(int64_t tokens, int top_k, int64_t experts) {
   return gemm_config::large;
 }
 
+// The prefill kernels (gemm_prefill.cuh) from 512 tokens on once experts get more than 8 pairs
+// (the 512–2048 transition: narrow, up to 48; wide above), and wherever experts get more than 64
+// pairs (where the large tile ran before). false: pick_config's tiles.
+bool pick_prefill(int64_t tokens, int top_k, int64_t experts, sm90::prefill_config* pc) {
+  const int64_t pairs = tokens * top_k;
+  const int64_t per_expert = pairs / std::max<int64_t>(1, std::min(experts, pairs));
+  if (per_expert <= 64 && (tokens < 512 || per_expert <= 8)) return false;
+  *pc = per_expert <= 48 ? sm90::prefill_config::narrow : sm90::prefill_config::wide;
+  return true;
+}
+
 // Upper bound of the tile count: sum_e ceil(c_e / BN) <= pairs / BN + min(E, pairs).
 int64_t max_tiles(int64_t pairs, int64_t experts, int bn) { return pairs / bn + std::min(experts, pairs); }
 
@@ -120,6 +131,7 @@ moe_layer::moe_layer(const moe_weights& w, const moe_config& cfg) : impl_(std::m
   impl& m = *impl_;
   m.cfg = cfg;
   sm90::prepare_gemm_kernels();
+  sm90::prepare_prefill_kernels();
   m.frag13 = {2 * I, H};
   m.frag2 = {H, I};
   m.codes13 = device_buffer(static_cast<size_t>(E * m.frag13.weight_bytes()));
@@ -245,7 +257,9 @@ void moe_layer::forward(const tensor_view& x, const routing_input& routing, cons
   const sm90::moe_workspace ws = plan.bind(workspace);
   const int64_t pairs = T * k;
   const gemm_config gc = pick_config(T, k, E);
-  const int bn = sm90::gemm_tokens_per_tile(gc);
+  sm90::prefill_config pc{};
+  const bool prefill = pick_prefill(T, k, E, &pc);
+  const int bn = prefill ? sm90::prefill_tokens_per_tile(pc) : sm90::gemm_tokens_per_tile(gc);
   const int64_t tiles = max_tiles(pairs, E, bn);
 
   MXMOE_CUDA_CHECK(cudaMemsetAsync(ws.counts, 0, plan.clear_bytes(), stream));
@@ -263,9 +277,17 @@ void moe_layer::forward(const tensor_view& x, const routing_input& routing, cons
   const sm90::gemm_weights w2{static_cast<const uint8_t*>(m.codes2.data()), static_cast<const uint8_t*>(m.scales2.data()),
                               static_cast<const float*>(m.bias2.data()), H, I, m.frag2.weight_bytes(),
                               m.frag2.scale_bytes()};
-  sm90::launch_gemm(gc, w13, x.as<const uint16_t>(), ws, k, sm90::epilogue_kind::gate_up_activation, c.activation,
-                    tiles, stream);
-  sm90::launch_gemm(gc, w2, ws.act, ws, k, sm90::epilogue_kind::weighted_down, c.activation, tiles, stream);
+  if (prefill) {  // GEMM1's rows gathered into ybuf, which GEMM2 then overwrites
+    sm90::launch_gather_sorted_rows(x.as<const uint16_t>(), pairs, k, H, E, ws, ws.ybuf, stream);
+    sm90::launch_gemm_prefill(pc, w13, ws.ybuf, pairs, ws, sm90::epilogue_kind::gate_up_activation, c.activation,
+                              tiles, stream);
+    sm90::launch_gemm_prefill(pc, w2, ws.act, pairs, ws, sm90::epilogue_kind::weighted_down, c.activation, tiles,
+                              stream);
+  } else {
+    sm90::launch_gemm(gc, w13, x.as<const uint16_t>(), ws, k, sm90::epilogue_kind::gate_up_activation, c.activation,
+                      tiles, stream);
+    sm90::launch_gemm(gc, w2, ws.act, ws, k, sm90::epilogue_kind::weighted_down, c.activation, tiles, stream);
+  }
   sm90::launch_combine(T, k, H, ws, out.as<uint16_t>(), stream);
 }
 

@@ -1,0 +1,16 @@
+// moe/gemm_prefill_wide.cu — the prefill GEMM instantiated for more than 48 pairs per expert
+// (prefill proper, tensor-core bound): tiles of up to 192 pairs, an 11-stage weight ring and a
+// 5-stage activation ring of 24 KB slots.
+#include "gemm_prefill.cuh"
+
+namespace mxmoe::cuda::sm90 {
+
+void launch_gemm_prefill_wide(const gemm_weights& w, const CUtensorMap& b_map, const moe_workspace& ws,
+                              epilogue_kind ep, const activation_config& act, int64_t max_tiles, int sms,
+                              cudaStream_t stream) {
+  launch_gemm_prefill_with<prefill_wide_tile>(w, b_map, ws, ep, act, max_tiles, sms, stream);
+}
+
+cudaError_t allow_prefill_smem_wide() { return allow_prefill_smem<prefill_wide_tile>(); }
+
+}  // namespace mxmoe::cuda::sm90

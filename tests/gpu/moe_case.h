@@ -1,0 +1,282 @@
+// Shared pieces of the MoE layer GPU tests: random MXFP4 layers in the checkpoint layout, the
+// comparison with the CPU reference (cpu::moe_forward) under the documented tolerances
+// (cuda::kForwardRelL2Tolerance, kForwardMaxErrTolerance; docs/moe_layer.md) and a forward run
+// twice on 0xFF-filled buffers (bitwise-equal outputs required).
+#pragma once
+
+#include <cuda_runtime.h>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "cuda_ok.h"
+#include "mxmoe/cuda.h"
+#include "mxmoe/dtype.h"
+#include "mxmoe/moe.h"
+
+namespace mxmoe::test {
+
+struct host_moe {
+  moe_config cfg;
+  std::vector<uint8_t> b13, s13, b2, s2;
+  std::vector<uint16_t> bias13, bias2;
+  std::vector<float> correction;
+  moe_weights view() const {
+    const int64_t E = cfg.shape.experts, H = cfg.shape.hidden, I = cfg.shape.intermediate;
+    moe_weights w;
+    w.format = weight_format::mxfp4;
+    w.gate_up_blocks = tensor_view(b13.data(), dtype::u8, {E, 2 * I, H / 32, 16});
+    w.gate_up_scales = tensor_view(s13.data(), dtype::u8, {E, 2 * I, H / 32});
+    w.down_blocks = tensor_view(b2.data(), dtype::u8, {E, H, I / 32, 16});
+    w.down_scales = tensor_view(s2.data(), dtype::u8, {E, H, I / 32});
+    if (!bias13.empty()) w.gate_up_bias = tensor_view(bias13.data(), dtype::bf16, {E, 2 * I});
+    if (!bias2.empty()) w.down_bias = tensor_view(bias2.data(), dtype::bf16, {E, H});
+    if (!correction.empty()) w.correction_bias = tensor_view(correction.data(), dtype::f32, {E});
+    return w;
+  }
+};
+
+// Random codes (every nibble, 6.0 included) and scales around 2^-7: weights of realistic size.
+inline host_moe make_moe(const moe_config& cfg, bool biases, std::mt19937& rng) {
+  host_moe m;
+  m.cfg = cfg;
+  const int64_t E = cfg.shape.experts, H = cfg.shape.hidden, I = cfg.shape.intermediate;
+  std::uniform_int_distribution<int> scale(118, 122);
+  auto fill = [&](std::vector<uint8_t>& v, size_t n, bool is_scale) {
+    v.resize(n);
+    if (is_scale) {
+      for (auto& b : v) b = static_cast<uint8_t>(scale(rng));
+      return;
+    }
+    for (size_t i = 0; i < n; i += 4) {  // code bytes: four from each 32-bit draw (GB-sized layers)
+      const uint32_t r = static_cast<uint32_t>(rng());
+      for (size_t j = 0; j < 4 && i + j < n; ++j) v[i + j] = static_cast<uint8_t>(r >> (8 * j));
+    }
+  };
+  fill(m.b13, static_cast<size_t>(E * 2 * I * H / 2), false);
+  fill(m.s13, static_cast<size_t>(E * 2 * I * H / 32), true);
+  fill(m.b2, static_cast<size_t>(E * H * I / 2), false);
+  fill(m.s2, static_cast<size_t>(E * H * I / 32), true);
+  std::normal_distribution<float> nd(0.0f, 0.1f);
+  if (biases) {
+    m.bias13.resize(static_cast<size_t>(E * 2 * I));
+    m.bias2.resize(static_cast<size_t>(E * H));
+    for (auto& b : m.bias13) b = float_to_bf16(nd(rng));
+    for (auto& b : m.bias2) b = float_to_bf16(nd(rng));
+  }
+  if (cfg.routing.kind == routing_kind::sigmoid_grouped_topk) {
+    m.correction.resize(static_cast<size_t>(E));
+    for (auto& b : m.correction) b = nd(rng);
+  }
+  return m;
+}
+
+inline std::vector<uint16_t> random_bf16(size_t n, float sigma, std::mt19937& rng) {
+  std::normal_distribution<float> nd(0.0f, sigma);
+  std::vector<uint16_t> v(n);
+  for (auto& x : v) x = float_to_bf16(nd(rng));
+  return v;
+}
+
+template <class T>
+cuda::device_buffer to_device(const std::vector<T>& v) {
+  cuda::device_buffer b(std::max<size_t>(16, v.size() * sizeof(T)));
+  if (!v.empty()) b.upload(v.data(), v.size() * sizeof(T));
+  return b;
+}
+
+struct error_stats {
+  double rel_l2 = 0, max_err = 0, max_ref = 0;
+  int64_t nonfinite = 0;
+};
+
+inline error_stats compare(const std::vector<uint16_t>& gpu, const std::vector<float>& ref) {
+  error_stats s;
+  double num = 0, den = 0;
+  for (size_t i = 0; i < ref.size(); ++i) {
+    const double g = bf16_to_float(gpu[i]), r = ref[i];
+    if (!std::isfinite(g)) ++s.nonfinite;
+    num += (g - r) * (g - r);
+    den += r * r;
+    s.max_err = std::max(s.max_err, std::fabs(g - r));
+    s.max_ref = std::max(s.max_ref, std::fabs(r));
+  }
+  s.rel_l2 = den > 0 ? std::sqrt(num / den) : std::sqrt(num);
+  return s;
+}
+
+inline void expect_close(const std::vector<uint16_t>& gpu, const std::vector<float>& ref, const std::string& what) {
+  const error_stats s = compare(gpu, ref);
+  EXPECT_EQ(s.nonfinite, 0) << what;
+  EXPECT_LE(s.rel_l2, cuda::kForwardRelL2Tolerance) << what << " max_err " << s.max_err << " max_ref " << s.max_ref;
+  EXPECT_LE(s.max_err, cuda::kForwardMaxErrTolerance * s.max_ref) << what << " rel_l2 " << s.rel_l2;
+  std::printf("  %-40s rel_l2 %.2e  max_err/max_ref %.2e\n", what.c_str(), s.rel_l2,
+              s.max_ref > 0 ? s.max_err / s.max_ref : 0.0);
+  EXPECT_GT(s.max_ref, 0.0) << what << ": the reference is all zeros, the test would prove nothing";
+}
+
+enum class routing_mode { logits_f32, logits_bf16, precomputed };
+
+struct run_result {
+  std::vector<uint16_t> out;
+  std::vector<float> ref;
+};
+
+// Runs the layer twice (bitwise-equal outputs required) with 0xFF-filled output and workspace,
+// and the reference once.
+inline run_result run_case(const host_moe& m, int64_t T, routing_mode mode, std::mt19937& rng,
+                    cpu::precision prec = cpu::precision::f64, const std::vector<int32_t>* fixed_ids = nullptr) {
+  const moe_config& c = m.cfg;
+  const int64_t E = c.shape.experts, H = c.shape.hidden;
+  const int k = c.routing.top_k;
+  const std::vector<uint16_t> x = random_bf16(static_cast<size_t>(T * H), 1.0f, rng);
+  std::normal_distribution<float> nd(0.0f, 2.0f);
+  std::vector<float> logits(static_cast<size_t>(T * E));
+  for (auto& l : logits) l = nd(rng);
+  std::vector<uint16_t> logits_bf16(logits.size());
+  for (size_t i = 0; i < logits.size(); ++i) {
+    logits_bf16[i] = float_to_bf16(logits[i]);
+    if (mode == routing_mode::logits_bf16) logits[i] = bf16_to_float(logits_bf16[i]);
+  }
+  std::vector<int32_t> ids(static_cast<size_t>(T * k));
+  std::vector<float> wts(ids.size());
+  if (mode == routing_mode::precomputed) {
+    std::uniform_real_distribution<float> u(0.1f, 1.0f);
+    for (int64_t t = 0; t < T; ++t)
+      for (int j = 0; j < k; ++j) {
+        const size_t p = static_cast<size_t>(t * k + j);
+        ids[p] = fixed_ids ? (*fixed_ids)[p] : static_cast<int32_t>((t * 7 + j * 13) % E);
+        wts[p] = u(rng);
+      }
+  }
+
+  const moe_weights w = m.view();
+  cuda::moe_layer layer(w, c);
+  cuda::device_buffer dx = to_device(x), dlog = to_device(logits), dlog16 = to_device(logits_bf16), dids = to_device(ids),
+                      dw = to_device(wts);
+  cuda::device_buffer dout(static_cast<size_t>(std::max<int64_t>(1, T * H)) * 2);
+  cuda::device_buffer ws(layer.workspace_bytes(T));
+  routing_input ri;
+  if (mode == routing_mode::logits_f32) ri.logits = dlog.view(dtype::f32, {T, E});
+  if (mode == routing_mode::logits_bf16) ri.logits = dlog16.view(dtype::bf16, {T, E});
+  if (mode == routing_mode::precomputed) {
+    ri.ids = dids.view(dtype::i32, {T, k});
+    ri.weights = dw.view(dtype::f32, {T, k});
+  }
+  run_result r;
+  std::vector<uint16_t> second(static_cast<size_t>(T * H));
+  for (int rep = 0; rep < 2; ++rep) {
+    dout.fill(0xFF);
+    ws.fill(0xFF);
+    layer.forward(dx.view(dtype::bf16, {T, H}), ri, dout.view(dtype::bf16, {T, H}), ws.data(), ws.size());
+    cuda::synchronize();
+    std::vector<uint16_t>& dst = rep == 0 ? r.out : second;
+    dst.resize(static_cast<size_t>(T * H));
+    if (T) dout.download(dst.data(), dst.size() * 2);
+  }
+  EXPECT_EQ(std::memcmp(r.out.data(), second.data(), r.out.size() * 2), 0) << "two identical calls differ";
+  EXPECT_EQ(layer.read_error_flags(ws.data(), ws.size()), 0u);
+
+  routing_input hr;
+  if (mode == routing_mode::logits_f32) hr.logits = tensor_view(logits.data(), dtype::f32, {T, E});
+  if (mode == routing_mode::logits_bf16) hr.logits = tensor_view(logits_bf16.data(), dtype::bf16, {T, E});
+  if (mode == routing_mode::precomputed) {
+    hr.ids = tensor_view(ids.data(), dtype::i32, {T, k});
+    hr.weights = tensor_view(wts.data(), dtype::f32, {T, k});
+  }
+  r.ref.resize(static_cast<size_t>(T * H));
+  cpu::moe_forward(tensor_view(x.data(), dtype::bf16, {T, H}), hr, w, c, tensor_view(r.ref.data(), dtype::f32, {T, H}),
+                   prec);
+  return r;
+}
+
+inline moe_config make_cfg(int64_t E, int64_t H, int64_t I, int k, routing_kind rk, activation_kind act,
+                    layout::gate_up_order order) {
+  moe_config c;
+  c.shape = {E, H, I};
+  c.routing.kind = rk;
+  c.routing.top_k = k;
+  c.routing.renormalize = rk != routing_kind::topk_softmax;
+  c.activation.kind = act;
+  c.gate_up = order;
+  return c;
+}
+
+// A layer shape and the token counts it is checked at.
+struct shape_case {
+  const char* name;
+  int64_t E, H, I;
+  int k;
+  routing_kind routing;
+  activation_kind act;
+  layout::gate_up_order order;
+  bool biases;
+  std::vector<int64_t> tokens;
+};
+
+inline moe_config config_of(const shape_case& sc) {
+  return make_cfg(sc.E, sc.H, sc.I, sc.k, sc.routing, sc.act, sc.order);
+}
+
+// One random layer of config cfg (sc's shape), checked at each of sc's token counts (the
+// reference accumulates in f32 where f64 would be slow).
+inline void expect_shape_matches(const shape_case& sc, const moe_config& cfg, std::mt19937& rng) {
+  const host_moe m = make_moe(cfg, sc.biases, rng);
+  for (int64_t T : sc.tokens) {
+    const bool big = T * sc.H * sc.I > (int64_t{1} << 28);
+    const run_result r = run_case(m, T, routing_mode::logits_f32, rng, big ? cpu::precision::f32 : cpu::precision::f64);
+    expect_close(r.out, r.ref, std::string(sc.name) + " T=" + std::to_string(T));
+  }
+}
+
+// Captures one forward of T tokens in a CUDA graph and replays it three times with new inputs
+// copied into the captured buffers, each compared with the reference.
+inline void expect_graph_replays(const host_moe& m, int64_t T, std::mt19937& rng) {
+  const moe_config& cfg = m.cfg;
+  const int64_t H = cfg.shape.hidden, E = cfg.shape.experts;
+  const moe_weights w = m.view();
+  cuda::moe_layer layer(w, cfg);
+  cuda::device_buffer dx(T * H * 2), dlog(T * E * 4), dout(T * H * 2), ws(layer.workspace_bytes(T));
+  cudaStream_t stream;
+  CUDA_OK(cudaStreamCreate(&stream));
+  routing_input ri;
+  ri.logits = dlog.view(dtype::f32, {T, E});
+  cudaGraph_t graph;
+  CUDA_OK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+  layer.forward(dx.view(dtype::bf16, {T, H}), ri, dout.view(dtype::bf16, {T, H}), ws.data(), ws.size(), stream);
+  CUDA_OK(cudaStreamEndCapture(stream, &graph));
+  cudaGraphExec_t exec;
+  CUDA_OK(cudaGraphInstantiate(&exec, graph, 0));
+  const bool big = T * H * cfg.shape.intermediate > (int64_t{1} << 28);
+  for (int rep = 0; rep < 3; ++rep) {  // new inputs each replay, copied into the captured buffers
+    const std::vector<uint16_t> x = random_bf16(static_cast<size_t>(T * H), 1.0f, rng);
+    std::vector<float> logits(static_cast<size_t>(T * E));
+    std::normal_distribution<float> nd(0.0f, 2.0f);
+    for (auto& l : logits) l = nd(rng);
+    dx.upload(x.data(), x.size() * 2);
+    dlog.upload(logits.data(), logits.size() * 4);
+    dout.fill(0xFF);
+    CUDA_OK(cudaGraphLaunch(exec, stream));
+    CUDA_OK(cudaStreamSynchronize(stream));
+    std::vector<uint16_t> out(static_cast<size_t>(T * H));
+    dout.download(out.data(), out.size() * 2);
+    routing_input hr;
+    hr.logits = tensor_view(logits.data(), dtype::f32, {T, E});
+    std::vector<float> ref(static_cast<size_t>(T * H));
+    cpu::moe_forward(tensor_view(x.data(), dtype::bf16, {T, H}), hr, w, cfg, tensor_view(ref.data(), dtype::f32, {T, H}),
+                     big ? cpu::precision::f32 : cpu::precision::f64);
+    expect_close(out, ref, "graph replay T=" + std::to_string(T) + " #" + std::to_string(rep));
+  }
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(graph);
+  cudaStreamDestroy(stream);
+}
+
+}  // namespace mxmoe::test
