@@ -48,17 +48,10 @@ inline host_moe make_moe(const moe_config& cfg, bool biases, std::mt19937& rng) 
   host_moe m;
   m.cfg = cfg;
   const int64_t E = cfg.shape.experts, H = cfg.shape.hidden, I = cfg.shape.intermediate;
-  std::uniform_int_distribution<int> scale(118, 122);
+  std::uniform_int_distribution<int> byte(0, 255), scale(118, 122);
   auto fill = [&](std::vector<uint8_t>& v, size_t n, bool is_scale) {
     v.resize(n);
-    if (is_scale) {
-      for (auto& b : v) b = static_cast<uint8_t>(scale(rng));
-      return;
-    }
-    for (size_t i = 0; i < n; i += 4) {  // code bytes: four from each 32-bit draw (GB-sized layers)
-      const uint32_t r = static_cast<uint32_t>(rng());
-      for (size_t j = 0; j < 4 && i + j < n; ++j) v[i + j] = static_cast<uint8_t>(r >> (8 * j));
-    }
+    for (auto& b : v) b = static_cast<uint8_t>(is_scale ? scale(rng) : byte(rng));
   };
   fill(m.b13, static_cast<size_t>(E * 2 * I * H / 2), false);
   fill(m.s13, static_cast<size_t>(E * 2 * I * H / 32), true);
