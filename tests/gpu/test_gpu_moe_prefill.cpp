@@ -1,14 +1,15 @@
-// GPU tests of the MoE layer at prefill sizes, where it runs the persistent warp-specialized
-// GEMMs of src/cuda/moe/gemm_prefill.cuh: from 512 tokens with more than 8 pairs per expert
-// (narrow: up to 48 pairs per expert on average, tiles of <= 64; wide above, tiles of <= 192),
-// and wherever experts average more than 64 pairs. Against the CPU reference, with the
-// tolerances of docs/moe_layer.md; every case runs twice on 0xFF-filled buffers and must match
-// bitwise.
+// GPU tests of the MoE layer at prefill sizes, shaped by the tiles of the persistent
+// warp-specialized GEMMs of src/cuda/moe/gemm_prefill.cuh, which moe_layer.cu's pick_prefill runs
+// (when kSelectPrefillKernels is set) from 512 tokens with more than 8 pairs per expert (narrow: up
+// to 48 pairs per expert on average, tiles of <= 64; wide above, tiles of <= 176) and wherever
+// experts average more than 64 pairs; otherwise these sizes run the decode/mid/large tiles.
+// Against the CPU reference, with the tolerances of docs/moe_layer.md; every case runs twice on
+// 0xFF-filled buffers and must match bitwise.
 //
 // Shapes come from the kernel's tiles: blocks of 128 weight rows (2880 = 22.5 blocks, 544 =
 // 4.25, 352 = 22 row tiles: the last block has a warpgroup with two valid warps, 448 = 28: a
 // warpgroup with none), K-steps of 64 and weight stages of two (2880 = 45 K-steps: the last stage
-// has one; 544 = 8.5: the K tail is zero-filled), per-tile wgmma widths of 16..192 (counts that
+// has one; 544 = 8.5: the K tail is zero-filled), per-tile wgmma widths of 16..176 (counts that
 // are no multiple of 16, experts with 1 pair next to experts with thousands), and K long enough
 // that both rings wrap inside one work item.
 #include <gtest/gtest.h>
@@ -44,7 +45,7 @@ TEST_P(GpuMoePrefill, MatchesReference) {
 INSTANTIATE_TEST_SUITE_P(
     Shapes, GpuMoePrefill,
     testing::Values(
-        // gpt-oss-120b's H = I = 2880 (8 / 16 of its 128 experts): 256 (192 + 64) and 32.5 pairs per
+        // gpt-oss-120b's H = I = 2880 (8 / 16 of its 128 experts): 256 (176 + 80) and 32.5 pairs per
         // expert; 45 K-steps (the last weight stage has one).
         shape_case{"gpt_oss_2880_wide", 8, 2880, 2880, 4, routing_kind::topk_softmax,
                    activation_kind::swiglu_clamped, layout::gate_up_order::interleaved, true, {512}},
@@ -58,7 +59,7 @@ INSTANTIATE_TEST_SUITE_P(
         // Kimi-K2's H = 7168, I = 2048 and grouped sigmoid routing (12 experts, top-1): 112 K-steps.
         shape_case{"kimi_like_narrow", 12, 7168, 2048, 1, routing_kind::sigmoid_grouped_topk,
                    activation_kind::silu_mul, layout::gate_up_order::concatenated, false, {512}},
-        // 544 = 4.25 row blocks and 8.5 K-steps; 128, 750 (192 * 3 + 174) and 24 pairs per expert.
+        // 544 = 4.25 row blocks and 8.5 K-steps; 128, 750 (176 * 4 + 46) and 24 pairs per expert.
         shape_case{"odd_544_wide", 8, 544, 544, 2, routing_kind::softmax_topk, activation_kind::silu_mul,
                    layout::gate_up_order::concatenated, false, {512, 3001}},
         shape_case{"odd_544_narrow", 64, 544, 544, 2, routing_kind::softmax_topk, activation_kind::swiglu_clamped,
@@ -80,15 +81,15 @@ void expect_precomputed_matches(const moe_config& cfg, int64_t T, const std::vec
   expect_close(r.out, r.ref, what);
 }
 
-// Very uneven experts, wide tiles (192 pairs): slot 0 of every token on expert 0 (thousands of
-// pairs: full tiles and a remainder), slot 1 on experts with 1, 17, 193 (a full tile + 1) and 0
+// Very uneven experts, wide tiles (176 pairs): slot 0 of every token on expert 0 (thousands of
+// pairs: full tiles and a remainder), slot 1 on experts with 1, 17, 177 (a full tile + 1) and 0
 // pairs, the rest spread.
 TEST(GpuMoePrefillRouting, UnevenExpertsWide) {
   const int64_t T = 3000;
   std::vector<int32_t> ids(static_cast<size_t>(T * 2));
   for (int64_t t = 0; t < T; ++t) {
     ids[2 * t] = 0;
-    ids[2 * t + 1] = t < 1 ? 1 : t < 18 ? 2 : t < 211 ? 3 : static_cast<int32_t>(5 + t % 3);  // expert 4: none
+    ids[2 * t + 1] = t < 1 ? 1 : t < 18 ? 2 : t < 195 ? 3 : static_cast<int32_t>(5 + t % 3);  // expert 4: none
   }
   expect_precomputed_matches(make_cfg(8, 256, 160, 2, routing_kind::softmax_topk, activation_kind::silu_mul,
                                       layout::gate_up_order::interleaved),
@@ -118,7 +119,7 @@ TEST(GpuMoePrefillGraph, CapturedForwardReplaysWithNewInputs) {
 }
 
 // Small cases for compute-sanitizer (memcheck, racecheck): H = 2368 is 37 K-steps, so GEMM1's
-// weight ring (11 or 18 stages of two K-steps) and activation ring wrap inside one work item;
+// weight ring (6 or 9 stages of four K-steps) and activation ring wrap inside one work item;
 // I = 96 is 1.5 K-steps (a zero-filled K tail, a one-step weight stage); 2I = 192 and H end in
 // half-empty row blocks. Enough work items that CTAs run several.
 void expect_small_case_matches(const moe_config& cfg, int64_t T, bool biases, const char* what, unsigned seed) {

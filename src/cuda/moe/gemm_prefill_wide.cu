@@ -1,14 +1,14 @@
 // moe/gemm_prefill_wide.cu — the prefill GEMM instantiated for more than 48 pairs per expert
-// (prefill proper, tensor-core bound): tiles of up to 192 pairs, an 11-stage weight ring and a
-// 5-stage activation ring of 24 KB slots.
+// (prefill proper, tensor-core bound): tiles of up to 176 pairs, a 6-stage weight ring (24
+// K-steps) and a 5-stage activation ring of 22 KB slots.
 #include "gemm_prefill.cuh"
 
 namespace mxmoe::cuda::sm90 {
 
-void launch_gemm_prefill_wide(const gemm_weights& w, const CUtensorMap& b_map, const moe_workspace& ws,
-                              epilogue_kind ep, const activation_config& act, int64_t max_tiles, int sms,
-                              cudaStream_t stream) {
-  launch_gemm_prefill_with<prefill_wide_tile>(w, b_map, ws, ep, act, max_tiles, sms, stream);
+void launch_gemm_prefill_wide(const gemm_weights& w, const prefill_maps<prefill_wide_tile::WIDTHS>& maps,
+                              const moe_workspace& ws, epilogue_kind ep, const activation_config& act,
+                              int64_t max_tiles, int sms, cudaStream_t stream) {
+  launch_gemm_prefill_with<prefill_wide_tile>(w, maps, ws, ep, act, max_tiles, sms, stream);
 }
 
 cudaError_t allow_prefill_smem_wide() { return allow_prefill_smem<prefill_wide_tile>(); }

@@ -71,9 +71,9 @@ void launch_gemm(gemm_config c, const gemm_weights& w, const uint16_t* b_rows, c
 enum class prefill_config : int { narrow, wide };
 int prefill_tokens_per_tile(prefill_config c);  // tokens_per_tile of the schedule
 void prepare_prefill_kernels();                 // like prepare_gemm_kernels
-void launch_gemm_prefill(prefill_config c, const gemm_weights& w, const uint16_t* b_rows, int64_t b_row_count,
-                         const moe_workspace& ws, epilogue_kind ep, const activation_config& act, int64_t max_tiles,
-                         cudaStream_t stream);
+void launch_gemm_prefill(prefill_config c, const gemm_weights& w, int64_t experts, const uint16_t* b_rows,
+                         int64_t b_row_count, const moe_workspace& ws, epilogue_kind ep, const activation_config& act,
+                         int64_t max_tiles, cudaStream_t stream);
 // rows[s, :] = x[sorted[s] / top_k, :] for the valid sorted positions (gather_rows.cu).
 void launch_gather_sorted_rows(const uint16_t* x, int64_t pairs, int top_k, int64_t hidden, int64_t experts,
                                const moe_workspace& ws, uint16_t* rows, cudaStream_t stream);

@@ -27,7 +27,7 @@ __device__ __forceinline__ uint64_t sw128_desc(const void* smem) {
 }
 
 // wgmma m64nNk16 (bf16 in, f32 accumulators, A from registers) for every N the GEMMs issue:
-// 64 and 128 (the fixed tiles of gemm.cuh) and every multiple of 16 up to 192 (the per-tile
+// 64 and 128 (the fixed tiles of gemm.cuh) and every multiple of 16 up to 176 (the per-tile
 // widths of gemm_prefill.cuh).
 template <int BN>
 struct wgmma_rs;
@@ -48,7 +48,6 @@ MXMOE_WGMMA_RS(128)
 MXMOE_WGMMA_RS(144)
 MXMOE_WGMMA_RS(160)
 MXMOE_WGMMA_RS(176)
-MXMOE_WGMMA_RS(192)
 #undef MXMOE_WGMMA_RS
 
 template <int BN, size_t... I>

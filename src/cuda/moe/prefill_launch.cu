@@ -1,7 +1,8 @@
-// moe/prefill_launch.cu — host side of the prefill GEMMs (gemm_prefill.cuh): the TMA tensor map
-// of the activation rows, the choice between the two instantiations, the shared-memory opt-in.
-// Launchers validate, kernels assume: the map is encoded here for every launch (it holds the
-// row count of this call), so a captured graph replays with the addresses it was captured with.
+// moe/prefill_launch.cu — host side of the prefill GEMMs (gemm_prefill.cuh): the TMA tensor maps
+// of the weight fragments and of the activation rows (one per tile width), the choice between the
+// two instantiations, the shared-memory opt-in. Launchers validate, kernels assume: the maps are
+// encoded here for every launch (they hold this call's row count and addresses) and travel as a
+// kernel parameter, so a captured graph replays with the maps it was captured with.
 #include <cuda.h>
 #include <cuda_runtime.h>
 
@@ -29,22 +30,58 @@ encode_tiled_fn tensor_map_encoder() {
   return fn;
 }
 
-// bf16 rows [n_rows, cols], row-major: boxes of kPrefillBoxRows rows x kPrefillBoxCols columns,
+void check_encoded(CUresult r, const char* what) {
+  if (r != CUDA_SUCCESS)
+    throw std::runtime_error(std::string("cuTensorMapEncodeTiled failed (") + std::to_string(static_cast<int>(r)) +
+                             ") for the " + what);
+}
+
+// bf16 rows [n_rows, cols], row-major: boxes of box_rows rows x kPrefillBoxCols columns,
 // 128-byte swizzle, out-of-range elements read as zero.
-CUtensorMap rows_tensor_map(const uint16_t* rows, int64_t n_rows, int64_t cols) {
+CUtensorMap rows_tensor_map(const uint16_t* rows, int64_t n_rows, int64_t cols, int box_rows) {
   CUtensorMap map;
   const cuuint64_t dims[2] = {static_cast<cuuint64_t>(cols), static_cast<cuuint64_t>(n_rows)};
   const cuuint64_t strides[1] = {static_cast<cuuint64_t>(cols) * 2};
-  const cuuint32_t box[2] = {kPrefillBoxCols, kPrefillBoxRows};
+  const cuuint32_t box[2] = {kPrefillBoxCols, static_cast<cuuint32_t>(box_rows)};
   const cuuint32_t element_strides[2] = {1, 1};
-  const CUresult r = tensor_map_encoder()(&map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, const_cast<uint16_t*>(rows),
-                                          dims, strides, box, element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
-                                          CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
-                                          CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-  if (r != CUDA_SUCCESS)
-    throw std::runtime_error("cuTensorMapEncodeTiled failed (" + std::to_string(static_cast<int>(r)) + ") for " +
-                             std::to_string(n_rows) + " x " + std::to_string(cols) + " bf16 rows");
+  check_encoded(tensor_map_encoder()(&map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, const_cast<uint16_t*>(rows), dims,
+                                     strides, box, element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
+                                     CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                                     CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE),
+                "activation rows");
   return map;
+}
+
+// The fragment tiles of all experts (layout::sm90_fragment, expert after expert: one sequence of
+// experts * row_tiles row tiles of col_tiles tiles of tile_bytes) as u32 [row tile][col tile][word],
+// boxes of rows_box row tiles x ksteps_box col tiles, unswizzled.
+CUtensorMap fragment_tensor_map(const uint8_t* base, int64_t tile_bytes, int64_t col_tiles, int64_t row_tiles,
+                                int ksteps_box, int rows_box) {
+  CUtensorMap map;
+  const cuuint64_t dims[3] = {static_cast<cuuint64_t>(tile_bytes / 4), static_cast<cuuint64_t>(col_tiles),
+                              static_cast<cuuint64_t>(row_tiles)};
+  const cuuint64_t strides[2] = {static_cast<cuuint64_t>(tile_bytes), static_cast<cuuint64_t>(col_tiles * tile_bytes)};
+  const cuuint32_t box[3] = {static_cast<cuuint32_t>(tile_bytes / 4), static_cast<cuuint32_t>(ksteps_box),
+                             static_cast<cuuint32_t>(rows_box)};
+  const cuuint32_t element_strides[3] = {1, 1, 1};
+  check_encoded(tensor_map_encoder()(&map, CU_TENSOR_MAP_DATA_TYPE_UINT32, 3, const_cast<uint8_t*>(base), dims,
+                                     strides, box, element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
+                                     CU_TENSOR_MAP_SWIZZLE_NONE, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                                     CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE),
+                "weight fragments");
+  return map;
+}
+
+template <class Cfg>
+prefill_maps<Cfg::WIDTHS> make_prefill_maps(const gemm_weights& w, int64_t experts, const uint16_t* b_rows,
+                                             int64_t b_row_count) {
+  const layout::sm90_fragment frag{w.rows, w.cols};
+  const int64_t row_tiles = experts * frag.row_tiles(), col_tiles = frag.col_tiles();
+  prefill_maps<Cfg::WIDTHS> maps;
+  maps.codes = fragment_tensor_map(w.codes, Cfg::TILE_CODES, col_tiles, row_tiles, Cfg::A_KSTEPS, Cfg::ROW_TILES);
+  maps.scales = fragment_tensor_map(w.scales, Cfg::TILE_SCALES, col_tiles, row_tiles, Cfg::A_KSTEPS, Cfg::ROW_TILES);
+  for (int i = 0; i < Cfg::WIDTHS; ++i) maps.rows[i] = rows_tensor_map(b_rows, b_row_count, w.cols, (i + 1) * Cfg::N_STEP);
+  return maps;
 }
 
 }  // namespace
@@ -60,19 +97,23 @@ void prepare_prefill_kernels() {
   MXMOE_CUDA_CHECK(allow_prefill_smem_wide());
 }
 
-void launch_gemm_prefill(prefill_config c, const gemm_weights& w, const uint16_t* b_rows, int64_t b_row_count,
-                         const moe_workspace& ws, epilogue_kind ep, const activation_config& act, int64_t max_tiles,
-                         cudaStream_t stream) {
-  if (b_row_count < 1 || w.cols % 32 != 0 || w.rows % 16 != 0 || reinterpret_cast<uintptr_t>(b_rows) % 16 != 0)
-    throw std::logic_error("launch_gemm_prefill: needs >= 1 B row, 16-byte aligned, K % 32 == 0, rows % 16 == 0");
-  const CUtensorMap b_map = rows_tensor_map(b_rows, b_row_count, w.cols);
+void launch_gemm_prefill(prefill_config c, const gemm_weights& w, int64_t experts, const uint16_t* b_rows,
+                         int64_t b_row_count, const moe_workspace& ws, epilogue_kind ep, const activation_config& act,
+                         int64_t max_tiles, cudaStream_t stream) {
+  const auto misaligned = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 != 0; };
+  if (b_row_count < 1 || w.cols % 32 != 0 || w.rows % 16 != 0 || misaligned(b_rows) || misaligned(w.codes) ||
+      misaligned(w.scales))
+    throw std::logic_error("launch_gemm_prefill: needs >= 1 B row, 16-byte aligned rows and weights, K % 32 == 0, "
+                           "rows % 16 == 0");
   int device = 0, sms = 0;
   MXMOE_CUDA_CHECK(cudaGetDevice(&device));
   MXMOE_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
   if (c == prefill_config::narrow)
-    launch_gemm_prefill_narrow(w, b_map, ws, ep, act, max_tiles, sms, stream);
+    launch_gemm_prefill_narrow(w, make_prefill_maps<prefill_narrow_tile>(w, experts, b_rows, b_row_count), ws, ep, act,
+                               max_tiles, sms, stream);
   else
-    launch_gemm_prefill_wide(w, b_map, ws, ep, act, max_tiles, sms, stream);
+    launch_gemm_prefill_wide(w, make_prefill_maps<prefill_wide_tile>(w, experts, b_rows, b_row_count), ws, ep, act,
+                             max_tiles, sms, stream);
   MXMOE_CUDA_CHECK(cudaGetLastError());
 }
 

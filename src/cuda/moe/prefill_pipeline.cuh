@@ -56,17 +56,21 @@ __device__ __forceinline__ void arrive_expect_bytes(uint64_t* bar, uint32_t byte
                                          bar, bytes);
 }
 
-// `bytes` contiguous bytes (a multiple of 16, both addresses 16-byte aligned) global -> shared.
-__device__ __forceinline__ void bulk_load(void* smem, const void* gmem, uint32_t bytes, uint64_t* bar) {
-  ::cuda::ptx::cp_async_bulk(::cuda::ptx::space_cluster, ::cuda::ptx::space_global, smem, gmem, bytes, bar);
-}
-
-// One box of a 2-D tensor map at (inner coordinate c0, outer coordinate c1); elements outside
+// One box of a 2-D / 3-D tensor map at the given coordinates (innermost first); elements outside
 // the tensor arrive as zeros and count towards the transaction bytes.
 __device__ __forceinline__ void tma_load_2d(void* smem, const CUtensorMap* map, int32_t c0, int32_t c1,
                                             uint64_t* bar) {
   const int32_t coords[2] = {c0, c1};
   ::cuda::ptx::cp_async_bulk_tensor(::cuda::ptx::space_cluster, ::cuda::ptx::space_global, smem, map, coords, bar);
 }
+__device__ __forceinline__ void tma_load_3d(void* smem, const CUtensorMap* map, int32_t c0, int32_t c1, int32_t c2,
+                                            uint64_t* bar) {
+  const int32_t coords[3] = {c0, c1, c2};
+  ::cuda::ptx::cp_async_bulk_tensor(::cuda::ptx::space_cluster, ::cuda::ptx::space_global, smem, map, coords, bar);
+}
+
+// Orders this thread's ordinary shared-memory reads of a slot before the copy engine's next
+// writes into it (generic proxy, then async proxy); executed before the slot is released.
+__device__ __forceinline__ void fence_reads_before_copies() { ::cuda::ptx::fence_proxy_async(::cuda::ptx::space_shared); }
 
 }  // namespace mxmoe::cuda::sm90::detail
