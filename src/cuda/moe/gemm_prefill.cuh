@@ -87,7 +87,8 @@ struct prefill_tile {
   static constexpr int BAR_OFFSET = A_OFFSET + A_STAGES * A_STAGE_BYTES;
   static constexpr int SMEM_BYTES = 1024 + BAR_OFFSET + 2 * (A_STAGES + B_STAGES) * 8;
   static_assert(NMAX % N_STEP == 0 && NMAX <= 176, "per-tile wgmma widths: multiples of 16 up to 176 (mma.cuh)");
-  static_assert(B_STAGE_BYTES % 1024 == 0, "B slots stay 1024-byte aligned: the swizzle is a function of address bits 4..9");
+  static_assert(B_STAGE_BYTES % 1024 == 0,
+                "B slots stay 1024-byte aligned: the swizzle is a function of address bits 4..9");
   static_assert(A_STAGE_BYTES % 128 == 0, "TMA destinations are 128-byte aligned");
   static_assert(SMEM_BYTES <= 232448, "sm_90 dynamic shared memory per block");
 };
@@ -193,8 +194,9 @@ __device__ __forceinline__ void wgmma_kstep(int n16, const uint32_t (&a)[4][4], 
 
 // One K-step of a warpgroup on the activation slot, then a wait until only these wgmmas are in
 // flight: the previous step's are complete, so its slot (the one before, unless this is the
-// item's first K-step) is released and its A registers may be overwritten. One main loop serves every tile width (a uniform branch per K-step picks the
-// instruction), so all widths share the accumulators and ptxas pipelines the wgmmas.
+// item's first K-step) is released and its A registers may be overwritten. One main loop serves
+// every tile width (a uniform branch per K-step picks the instruction), so all widths share the
+// accumulators and ptxas pipelines the wgmmas.
 template <class Cfg>
 __device__ __forceinline__ void mma_kstep(const prefill_smem<Cfg>& sm, int n16, uint32_t (&a)[4][4],
                                           float (&acc)[Cfg::NMAX / 2], detail::ring_pos<Cfg::B_STAGES>& b,
@@ -346,7 +348,8 @@ __global__ void __launch_bounds__(Cfg::THREADS, 1)
       load_weights<Cfg>(sm, maps, ws, pg);
     }
   } else if (warp == Cfg::ACTIVATION_WARP) {
-    if (lane < Cfg::WIDTHS) cute::prefetch_tma_descriptor(reinterpret_cast<const cute::TmaDescriptor*>(&maps.rows[lane]));
+    if (lane < Cfg::WIDTHS)
+      cute::prefetch_tma_descriptor(reinterpret_cast<const cute::TmaDescriptor*>(&maps.rows[lane]));
     __syncwarp();
     if (lane == 0) load_activations<Cfg>(sm, maps, ws, pg);
   } else {

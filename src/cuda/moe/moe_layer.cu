@@ -34,7 +34,7 @@ gemm_config pick_config(int64_t tokens, int top_k, int64_t experts) {
 
 // Not selected by default yet: the first version of the prefill kernels measured slower than
 // pick_config's tiles at every benchmark point (copy-engine bound), the current one (few large
-// copies) is not measured yet (docs/performance.md, "Prefill"). Set to true to run them.
+// copies) is not measured yet (docs/performance.md, "2026-12-01"). Set to true to run them.
 constexpr bool kSelectPrefillKernels = false;
 
 // The prefill kernels (gemm_prefill.cuh) from 512 tokens on once experts get more than 8 pairs

@@ -80,7 +80,8 @@ prefill_maps<Cfg::WIDTHS> make_prefill_maps(const gemm_weights& w, int64_t exper
   prefill_maps<Cfg::WIDTHS> maps;
   maps.codes = fragment_tensor_map(w.codes, Cfg::TILE_CODES, col_tiles, row_tiles, Cfg::A_KSTEPS, Cfg::ROW_TILES);
   maps.scales = fragment_tensor_map(w.scales, Cfg::TILE_SCALES, col_tiles, row_tiles, Cfg::A_KSTEPS, Cfg::ROW_TILES);
-  for (int i = 0; i < Cfg::WIDTHS; ++i) maps.rows[i] = rows_tensor_map(b_rows, b_row_count, w.cols, (i + 1) * Cfg::N_STEP);
+  for (int i = 0; i < Cfg::WIDTHS; ++i)
+    maps.rows[i] = rows_tensor_map(b_rows, b_row_count, w.cols, (i + 1) * Cfg::N_STEP);
   return maps;
 }
 

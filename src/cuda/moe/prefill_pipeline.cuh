@@ -29,7 +29,9 @@ struct ring_pos {
   }
 };
 
-__device__ __forceinline__ void barrier_init(uint64_t* bar, uint32_t arrivals) { ::cuda::ptx::mbarrier_init(bar, arrivals); }
+__device__ __forceinline__ void barrier_init(uint64_t* bar, uint32_t arrivals) {
+  ::cuda::ptx::mbarrier_init(bar, arrivals);
+}
 
 // Makes the initialised barriers visible to the bulk-copy engine; a __syncthreads must follow.
 __device__ __forceinline__ void barrier_init_fence() {
@@ -71,6 +73,8 @@ __device__ __forceinline__ void tma_load_3d(void* smem, const CUtensorMap* map, 
 
 // Orders this thread's ordinary shared-memory reads of a slot before the copy engine's next
 // writes into it (generic proxy, then async proxy); executed before the slot is released.
-__device__ __forceinline__ void fence_reads_before_copies() { ::cuda::ptx::fence_proxy_async(::cuda::ptx::space_shared); }
+__device__ __forceinline__ void fence_reads_before_copies() {
+  ::cuda::ptx::fence_proxy_async(::cuda::ptx::space_shared);
+}
 
 }  // namespace mxmoe::cuda::sm90::detail
