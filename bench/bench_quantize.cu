@@ -29,6 +29,7 @@
 #include <string>
 #include <vector>
 
+#include "check.h"
 #include "mxmoe/cuda.h"
 #include "mxmoe/layout.h"
 #include "mxmoe/quantize.h"
@@ -38,16 +39,6 @@ namespace {
 using mxmoe::dtype;
 using mxmoe::scale_layout;
 using mxmoe::mx::scale_rule;
-
-#define BENCH_CHECK(call)                                                                            \
-  do {                                                                                               \
-    const cudaError_t e_ = (call);                                                                   \
-    if (e_ != cudaSuccess) {                                                                         \
-      std::fprintf(stderr, "CUDA error %s at %s:%d: %s\n", cudaGetErrorString(e_), __FILE__, __LINE__, \
-                   #call);                                                                           \
-      std::exit(2);                                                                                  \
-    }                                                                                                \
-  } while (0)
 
 constexpr int64_t kMiB = int64_t{1} << 20;
 constexpr int64_t kK = 4096;  // row length of the benchmarked tensors
@@ -78,24 +69,24 @@ __global__ void fill_random_bf16(__nv_bfloat16* x, int64_t n, uint64_t seed) {
 // Median GPU time in microseconds of `iters` runs of `run`, each between its own events.
 double time_us(const std::function<void()>& run, int iters) {
   for (int i = 0; i < 3; ++i) run();
-  BENCH_CHECK(cudaDeviceSynchronize());
+  MXMOE_CUDA_CHECK(cudaDeviceSynchronize());
   std::vector<cudaEvent_t> ev(2 * static_cast<size_t>(iters));
-  for (auto& e : ev) BENCH_CHECK(cudaEventCreate(&e));
+  for (auto& e : ev) MXMOE_CUDA_CHECK(cudaEventCreate(&e));
   hold_stream<<<1, 1>>>(uint64_t{50} * 1000 * 1000);  // 50 ms: far longer than enqueueing the runs
-  BENCH_CHECK(cudaGetLastError());
+  MXMOE_CUDA_CHECK(cudaGetLastError());
   for (int i = 0; i < iters; ++i) {
-    BENCH_CHECK(cudaEventRecord(ev[2 * static_cast<size_t>(i)]));
+    MXMOE_CUDA_CHECK(cudaEventRecord(ev[2 * static_cast<size_t>(i)]));
     run();
-    BENCH_CHECK(cudaEventRecord(ev[2 * static_cast<size_t>(i) + 1]));
+    MXMOE_CUDA_CHECK(cudaEventRecord(ev[2 * static_cast<size_t>(i) + 1]));
   }
-  BENCH_CHECK(cudaDeviceSynchronize());
+  MXMOE_CUDA_CHECK(cudaDeviceSynchronize());
   std::vector<double> us(static_cast<size_t>(iters));
   for (int i = 0; i < iters; ++i) {
     float ms = 0.0f;
-    BENCH_CHECK(cudaEventElapsedTime(&ms, ev[2 * static_cast<size_t>(i)], ev[2 * static_cast<size_t>(i) + 1]));
+    MXMOE_CUDA_CHECK(cudaEventElapsedTime(&ms, ev[2 * static_cast<size_t>(i)], ev[2 * static_cast<size_t>(i) + 1]));
     us[static_cast<size_t>(i)] = 1000.0 * ms;
   }
-  for (auto& e : ev) BENCH_CHECK(cudaEventDestroy(e));
+  for (auto& e : ev) MXMOE_CUDA_CHECK(cudaEventDestroy(e));
   std::nth_element(us.begin(), us.begin() + iters / 2, us.end());
   return us[static_cast<size_t>(iters / 2)];
 }
@@ -103,20 +94,20 @@ double time_us(const std::function<void()>& run, int iters) {
 // Mean GPU time in microseconds of `iters` runs of `run` enqueued back to back between two events.
 double time_us_back_to_back(const std::function<void()>& run, int iters) {
   for (int i = 0; i < 3; ++i) run();
-  BENCH_CHECK(cudaDeviceSynchronize());
+  MXMOE_CUDA_CHECK(cudaDeviceSynchronize());
   cudaEvent_t start, stop;
-  BENCH_CHECK(cudaEventCreate(&start));
-  BENCH_CHECK(cudaEventCreate(&stop));
+  MXMOE_CUDA_CHECK(cudaEventCreate(&start));
+  MXMOE_CUDA_CHECK(cudaEventCreate(&stop));
   hold_stream<<<1, 1>>>(uint64_t{50} * 1000 * 1000);
-  BENCH_CHECK(cudaGetLastError());
-  BENCH_CHECK(cudaEventRecord(start));
+  MXMOE_CUDA_CHECK(cudaGetLastError());
+  MXMOE_CUDA_CHECK(cudaEventRecord(start));
   for (int i = 0; i < iters; ++i) run();
-  BENCH_CHECK(cudaEventRecord(stop));
-  BENCH_CHECK(cudaDeviceSynchronize());
+  MXMOE_CUDA_CHECK(cudaEventRecord(stop));
+  MXMOE_CUDA_CHECK(cudaDeviceSynchronize());
   float ms = 0.0f;
-  BENCH_CHECK(cudaEventElapsedTime(&ms, start, stop));
-  BENCH_CHECK(cudaEventDestroy(start));
-  BENCH_CHECK(cudaEventDestroy(stop));
+  MXMOE_CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop));
+  MXMOE_CUDA_CHECK(cudaEventDestroy(start));
+  MXMOE_CUDA_CHECK(cudaEventDestroy(stop));
   return 1000.0 * ms / iters;
 }
 
@@ -134,13 +125,13 @@ std::string utc_now() {
 
 int attribute(cudaDeviceAttr a, int dev) {
   int v = 0;
-  BENCH_CHECK(cudaDeviceGetAttribute(&v, a, dev));
+  MXMOE_CUDA_CHECK(cudaDeviceGetAttribute(&v, a, dev));
   return v;
 }
 
 }  // namespace
 
-int main(int argc, char** argv) {
+int run(int argc, char** argv) {
   bool quick = false;
   int iters = 30;
   std::vector<int64_t> sizes_arg;
@@ -174,7 +165,7 @@ int main(int argc, char** argv) {
     return 77;
   }
   int dev = 0;
-  BENCH_CHECK(cudaGetDevice(&dev));
+  MXMOE_CUDA_CHECK(cudaGetDevice(&dev));
   const std::string gpu = mxmoe::cuda::device_name(dev);
   const int sm_khz = attribute(cudaDevAttrClockRate, dev), mem_khz = attribute(cudaDevAttrMemoryClockRate, dev);
   std::printf("GPU: %s, %d SMs, SM clock %d MHz (max), memory clock %d MHz, bus %d bits\n", gpu.c_str(),
@@ -191,7 +182,7 @@ int main(int argc, char** argv) {
 
   // Copy bandwidth: the largest buffer, device to device.
   const auto copy = [&] {
-    BENCH_CHECK(cudaMemcpyAsync(copy_dst.data(), x.data(), static_cast<size_t>(max_bytes), cudaMemcpyDeviceToDevice));
+    MXMOE_CUDA_CHECK(cudaMemcpyAsync(copy_dst.data(), x.data(), static_cast<size_t>(max_bytes), cudaMemcpyDeviceToDevice));
   };
   const double copy_us = time_us(copy, iters), copy_us_b2b = time_us_back_to_back(copy, iters);
   const double copy_gbps = 2.0 * static_cast<double>(max_bytes) / copy_us / 1000.0;
@@ -204,7 +195,7 @@ int main(int argc, char** argv) {
   for (int64_t mib : sizes_mib) {
     const int64_t n = mib * kMiB / 2, r = n / kK;  // kK divides every size of at least 1 MiB
     fill_random_bf16<<<1024, 256>>>(static_cast<__nv_bfloat16*>(x.data()), n, static_cast<uint64_t>(mib));
-    BENCH_CHECK(cudaGetLastError());
+    MXMOE_CUDA_CHECK(cudaGetLastError());
     const mxmoe::tensor_view xv = x.view(dtype::bf16, {r, kK}), pv = packed.view(dtype::u8, {r, kK / 2});
     // Times `run` both ways and prints a row.
     auto record = [&](const std::string& op, const std::string& rule, scale_layout l, const std::string& with_stats,
@@ -271,4 +262,13 @@ int main(int argc, char** argv) {
     std::printf("wrote %s\n", json_path.c_str());
   }
   return 0;
+}
+
+int main(int argc, char** argv) {
+  try {
+    return run(argc, argv);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "bench_quantize: %s\n", e.what());
+    return 2;
+  }
 }

@@ -1,7 +1,9 @@
 // moe_bench.cu — the MoE layer benchmark (`bench_moe`, `mxmoe bench`).
 //
-// For each model shape (include/mxmoe/presets.h) and token count T: synthetic MXFP4 weights on
-// the device (random codes, scale bytes 118..122), random bf16 activations and router logits,
+// For each model shape (include/mxmoe/presets.h) and token count T: synthetic MXFP4 weights
+// (include/mxmoe/synthetic.h; the expert matrices drawn on the device with the same recipe:
+// random codes, scale bytes around synthetic::scale_centre(K)), random bf16 activations and router
+// logits, the layer prepared and run through include/mxmoe/forward.h,
 // the whole layer (routing included) captured in a CUDA graph per input set; R input sets are
 // rotated and the L2 (60 MB) is flushed before each timed replay; median of `iters` replays.
 //
@@ -12,6 +14,8 @@
 // Touched experts come from the actual routing of each input set (cpu::route on the same
 // logits). Copy bandwidth is measured here; the bf16 rate comes from the torch run of the same
 // session (bench/torch_baseline.py), which also times the torch BF16 grouped-GEMM layer.
+// --peer-json adds the peer measured the same way in the same session (bench/peer_triton.py:
+// triton_kernels' matmul_ogs as vLLM 0.33.0 runs it): peer_us and mxmoe/peer per point.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -22,30 +26,25 @@
 #include <fstream>
 #include <map>
 #include <memory>
-#include <random>
+#include <optional>
 #include <set>
 #include <string>
 #include <vector>
 
 #include <nlohmann/json.hpp>
 
+#include "check.h"
 #include "moe_bench.h"
 #include "mxmoe/cuda.h"
 #include "mxmoe/dtype.h"
+#include "mxmoe/forward.h"
+#include "mxmoe/layout.h"
 #include "mxmoe/moe.h"
 #include "mxmoe/presets.h"
+#include "mxmoe/synthetic.h"
 
 namespace mxmoe::bench {
 namespace {
-
-#define BENCH_CUDA(call)                                                                        \
-  do {                                                                                          \
-    const cudaError_t e_ = (call);                                                              \
-    if (e_ != cudaSuccess) {                                                                    \
-      std::fprintf(stderr, "CUDA error %s at %s:%d: %s\n", cudaGetErrorString(e_), __FILE__, __LINE__, #call); \
-      std::exit(4);                                                                             \
-    }                                                                                           \
-  } while (0)
 
 __global__ void fill_random_bytes(uint8_t* p, int64_t n, uint64_t seed, int lo, int span) {
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
@@ -60,7 +59,7 @@ __global__ void fill_random_bytes(uint8_t* p, int64_t n, uint64_t seed, int lo, 
 
 void random_device_bytes(cuda::device_buffer& b, uint64_t seed, int lo, int span) {
   fill_random_bytes<<<1024, 256>>>(static_cast<uint8_t*>(b.data()), static_cast<int64_t>(b.size()), seed, lo, span);
-  BENCH_CUDA(cudaGetLastError());
+  MXMOE_CUDA_CHECK(cudaGetLastError());
 }
 
 double median(std::vector<double> v) {
@@ -74,16 +73,16 @@ double measure_copy_tbps() {
   cuda::device_buffer a(bytes), b(bytes);
   random_device_bytes(a, 1, 0, 256);
   cudaEvent_t e0, e1;
-  BENCH_CUDA(cudaEventCreate(&e0));
-  BENCH_CUDA(cudaEventCreate(&e1));
+  MXMOE_CUDA_CHECK(cudaEventCreate(&e0));
+  MXMOE_CUDA_CHECK(cudaEventCreate(&e1));
   std::vector<double> t;
   for (int i = 0; i < 25; ++i) {
-    BENCH_CUDA(cudaEventRecord(e0));
-    BENCH_CUDA(cudaMemcpyAsync(b.data(), a.data(), bytes, cudaMemcpyDeviceToDevice));
-    BENCH_CUDA(cudaEventRecord(e1));
-    BENCH_CUDA(cudaEventSynchronize(e1));
+    MXMOE_CUDA_CHECK(cudaEventRecord(e0));
+    MXMOE_CUDA_CHECK(cudaMemcpyAsync(b.data(), a.data(), bytes, cudaMemcpyDeviceToDevice));
+    MXMOE_CUDA_CHECK(cudaEventRecord(e1));
+    MXMOE_CUDA_CHECK(cudaEventSynchronize(e1));
     float ms;
-    BENCH_CUDA(cudaEventElapsedTime(&ms, e0, e1));
+    MXMOE_CUDA_CHECK(cudaEventElapsedTime(&ms, e0, e1));
     if (i >= 5) t.push_back(ms);
   }
   cudaEventDestroy(e0);
@@ -111,6 +110,35 @@ torch_baseline load_torch(const std::string& path) {
   return tb;
 }
 
+// The peer (bench/peer_triton.py): its identity, or why there is none, and its µs per point.
+struct peer_baseline {
+  nlohmann::json info;  // {"name", "version"} or null
+  std::string reason;   // why info is null
+  std::map<std::pair<std::string, int64_t>, double> us;
+};
+
+peer_baseline load_peer(const std::string& path) {
+  peer_baseline pb;
+  if (path.empty()) {
+    pb.reason = "not measured in this run (no --peer-json)";
+    return pb;
+  }
+  std::ifstream f(path);
+  const nlohmann::json j = f ? nlohmann::json::parse(f, nullptr, /*allow_exceptions=*/false) : nlohmann::json();
+  if (!j.is_object()) {
+    pb.reason = "cannot read " + path + " as a JSON object";
+  } else if (!j.value("available", false) || !j.contains("peer") || !j.at("peer").is_object()) {
+    pb.reason = j.value("reason", std::string("the peer reported no results"));
+  } else {
+    pb.info = j.at("peer");
+    for (const auto& r : j.value("rows", nlohmann::json::array()))
+      if (r.is_object() && r.contains("us") && r.at("us").is_number() && r.contains("shape") && r.contains("tokens"))
+        pb.us[{r.at("shape").get<std::string>(), r.at("tokens").get<int64_t>()}] = r.at("us");
+  }
+  if (pb.info.is_null()) std::fprintf(stderr, "bench_moe: no peer column: %s\n", pb.reason.c_str());
+  return pb;
+}
+
 }  // namespace
 
 int run_moe_bench(const moe_bench_options& opt) {
@@ -120,12 +148,13 @@ int run_moe_bench(const moe_bench_options& opt) {
     return 3;
   }
   cudaDeviceProp prop{};
-  BENCH_CUDA(cudaGetDeviceProperties(&prop, 0));
+  MXMOE_CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
   int clock_khz = 0, mem_khz = 0;
   cudaDeviceGetAttribute(&clock_khz, cudaDevAttrClockRate, 0);
   cudaDeviceGetAttribute(&mem_khz, cudaDevAttrMemoryClockRate, 0);
   const double copy_tbps = measure_copy_tbps();
   const torch_baseline tb = load_torch(opt.torch_json);
+  const peer_baseline pb = load_peer(opt.peer_json);
   std::printf("GPU %s, %d SMs, max SM clock %d MHz, memory clock %d MHz\n", prop.name, prop.multiProcessorCount,
               clock_khz / 1000, mem_khz / 1000);
   std::printf("ceilings this run: copy %.2f TB/s (read+write), bf16 matmul %s\n", copy_tbps,
@@ -133,8 +162,8 @@ int run_moe_bench(const moe_bench_options& opt) {
                                  : "not measured (no --torch-json): floors use bandwidth only");
 
   nlohmann::json rows = nlohmann::json::array();
-  std::printf("%-14s %6s %5s %9s %9s %6s %9s %7s %8s %8s\n", "shape", "T", "touch", "us", "floor_us", "floor%",
-              "torch_us", "speedup", "TFLOP/s", "GB/s");
+  std::printf("%-14s %6s %5s %9s %9s %6s %9s %7s %9s %7s %8s %8s\n", "shape", "T", "touch", "us", "floor_us", "floor%",
+              "torch_us", "speedup", "peer_us", "mx/peer", "TFLOP/s", "GB/s");
   const int64_t max_t = *std::max_element(opt.tokens.begin(), opt.tokens.end());
   constexpr int kSets = 4;
   cuda::device_buffer flush(size_t{256} << 20);
@@ -149,59 +178,47 @@ int run_moe_bench(const moe_bench_options& opt) {
     const int64_t E = cfg.shape.experts, H = cfg.shape.hidden, I = cfg.shape.intermediate;
     const int k = cfg.routing.top_k;
 
-    std::unique_ptr<cuda::moe_layer> layer;
-    std::vector<float> corr;
+    // Biases and correction bias from the synthetic layer; its expert matrices, too large to draw
+    // on the host quickly, drawn on the device with the same recipe.
+    const synthetic::mxfp4_layer small = synthetic::make_layer(
+        cfg, {.biases = preset->has_biases, .correction_bias = cfg.routing.kind == routing_kind::sigmoid_grouped_topk,
+              .expert_weights = false},
+        5);
+    const std::vector<float>& corr = small.correction_bias;
+    std::optional<prepared_moe> layer;
     {  // checkpoint-layout weights live only while the layer is prepared
-      cuda::device_buffer b13(static_cast<size_t>(E * 2 * I * H / 2)), s13(static_cast<size_t>(E * 2 * I * H / 32)),
-          b2(static_cast<size_t>(E * H * I / 2)), s2(static_cast<size_t>(E * H * I / 32));
+      const layout::checkpoint_mxfp4 gu{E, 2 * I, H}, dn{E, H, I};
+      cuda::device_buffer b13(static_cast<size_t>(gu.block_bytes())), s13(static_cast<size_t>(gu.scale_bytes())),
+          b2(static_cast<size_t>(dn.block_bytes())), s2(static_cast<size_t>(dn.scale_bytes()));
+      constexpr int kSpan = 2 * synthetic::kScaleSpread + 1;
       random_device_bytes(b13, 11, 0, 256);
-      random_device_bytes(s13, 12, 118, 5);
+      random_device_bytes(s13, 12, synthetic::scale_centre(H) - synthetic::kScaleSpread, kSpan);
       random_device_bytes(b2, 13, 0, 256);
-      random_device_bytes(s2, 14, 118, 5);
-      moe_weights w;
+      random_device_bytes(s2, 14, synthetic::scale_centre(I) - synthetic::kScaleSpread, kSpan);
+      moe_weights w = small.weights();
       w.gate_up_blocks = b13.view(dtype::u8, {E, 2 * I, H / 32, 16});
       w.gate_up_scales = s13.view(dtype::u8, {E, 2 * I, H / 32});
       w.down_blocks = b2.view(dtype::u8, {E, H, I / 32, 16});
       w.down_scales = s2.view(dtype::u8, {E, H, I / 32});
-      std::mt19937 rng(5);
-      std::normal_distribution<float> nd(0.0f, 0.05f);
-      std::vector<uint16_t> bias13, bias2;
-      if (preset->has_biases) {
-        bias13.resize(static_cast<size_t>(E * 2 * I));
-        bias2.resize(static_cast<size_t>(E * H));
-        for (auto& b : bias13) b = float_to_bf16(nd(rng));
-        for (auto& b : bias2) b = float_to_bf16(nd(rng));
-        w.gate_up_bias = tensor_view(bias13.data(), dtype::bf16, {E, 2 * I});
-        w.down_bias = tensor_view(bias2.data(), dtype::bf16, {E, H});
-      }
-      if (cfg.routing.kind == routing_kind::sigmoid_grouped_topk) {
-        corr.resize(static_cast<size_t>(E));
-        for (auto& c : corr) c = nd(rng);
-        w.correction_bias = tensor_view(corr.data(), dtype::f32, {E});
-      }
-      layer = std::make_unique<cuda::moe_layer>(w, cfg);
+      layer.emplace(prepare(w, cfg, device_kind::cuda));
     }
     cuda::device_buffer ws(layer->workspace_bytes(max_t));
     std::vector<cuda::device_buffer> xs, logits_d;
     std::vector<std::vector<float>> logits_h(kSets);
     for (int s = 0; s < kSets; ++s) {
-      xs.emplace_back(static_cast<size_t>(max_t * H * 2));
-      std::mt19937 rng(200 + s);
-      std::normal_distribution<float> nd(0.0f, 1.0f);
-      std::vector<uint16_t> x(static_cast<size_t>(max_t * H));
-      for (auto& v : x) v = float_to_bf16(nd(rng));
-      xs.back().upload(x.data(), x.size() * 2);
-      logits_h[s].resize(static_cast<size_t>(max_t * E));
-      for (auto& v : logits_h[s]) v = nd(rng);
+      synthetic::layer_inputs in = synthetic::make_inputs(cfg, small.weights(), max_t, 200 + s);
+      xs.emplace_back(in.x.size() * 2);
+      xs.back().upload(in.x.data(), in.x.size() * 2);
+      logits_h[s] = std::move(in.logits);
       logits_d.emplace_back(logits_h[s].size() * 4);
       logits_d.back().upload(logits_h[s].data(), logits_h[s].size() * 4);
     }
     cuda::device_buffer out(static_cast<size_t>(max_t * H * 2));
     cudaStream_t stream;
-    BENCH_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+    MXMOE_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
     cudaEvent_t e0, e1;
-    BENCH_CUDA(cudaEventCreate(&e0));
-    BENCH_CUDA(cudaEventCreate(&e1));
+    MXMOE_CUDA_CHECK(cudaEventCreate(&e0));
+    MXMOE_CUDA_CHECK(cudaEventCreate(&e1));
 
     for (int64_t T : opt.tokens) {
       std::vector<cudaGraphExec_t> exec(kSets);
@@ -210,10 +227,10 @@ int run_moe_bench(const moe_bench_options& opt) {
         routing_input ri;
         ri.logits = logits_d[s].view(dtype::f32, {T, E});
         cudaGraph_t g;
-        BENCH_CUDA(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
-        layer->forward(xs[s].view(dtype::bf16, {T, H}), ri, out.view(dtype::bf16, {T, H}), ws.data(), ws.size(), stream);
-        BENCH_CUDA(cudaStreamEndCapture(stream, &g));
-        BENCH_CUDA(cudaGraphInstantiate(&exec[s], g, 0));
+        MXMOE_CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+        moe_forward(*layer, xs[s].view(dtype::bf16, {T, H}), ri, out.view(dtype::bf16, {T, H}), ws.data(), ws.size(), stream);
+        MXMOE_CUDA_CHECK(cudaStreamEndCapture(stream, &g));
+        MXMOE_CUDA_CHECK(cudaGraphInstantiate(&exec[s], g, 0));
         cudaGraphDestroy(g);
         std::vector<int32_t> ids(static_cast<size_t>(T * k));
         std::vector<float> wts(ids.size());
@@ -222,16 +239,16 @@ int run_moe_bench(const moe_bench_options& opt) {
                    tensor_view(wts.data(), dtype::f32, {T, k}));
         touched += static_cast<double>(std::set<int32_t>(ids.begin(), ids.end()).size()) / kSets;
       }
-      for (int s = 0; s < kSets; ++s) BENCH_CUDA(cudaGraphLaunch(exec[s], stream));  // warm-up
+      for (int s = 0; s < kSets; ++s) MXMOE_CUDA_CHECK(cudaGraphLaunch(exec[s], stream));  // warm-up
       std::vector<double> times;
       for (int it = 0; it < opt.iters; ++it) {
-        BENCH_CUDA(cudaMemsetAsync(flush.data(), it & 0xFF, flush.size(), stream));
-        BENCH_CUDA(cudaEventRecord(e0, stream));
-        BENCH_CUDA(cudaGraphLaunch(exec[it % kSets], stream));
-        BENCH_CUDA(cudaEventRecord(e1, stream));
-        BENCH_CUDA(cudaEventSynchronize(e1));
+        MXMOE_CUDA_CHECK(cudaMemsetAsync(flush.data(), it & 0xFF, flush.size(), stream));
+        MXMOE_CUDA_CHECK(cudaEventRecord(e0, stream));
+        MXMOE_CUDA_CHECK(cudaGraphLaunch(exec[it % kSets], stream));
+        MXMOE_CUDA_CHECK(cudaEventRecord(e1, stream));
+        MXMOE_CUDA_CHECK(cudaEventSynchronize(e1));
         float ms;
-        BENCH_CUDA(cudaEventElapsedTime(&ms, e0, e1));
+        MXMOE_CUDA_CHECK(cudaEventElapsedTime(&ms, e0, e1));
         times.push_back(ms * 1e3);
       }
       for (auto& x : exec) cudaGraphExecDestroy(x);
@@ -243,13 +260,17 @@ int run_moe_bench(const moe_bench_options& opt) {
       const double floor_us = std::max(floor_bw, floor_fl);
       const auto it_t = tb.us.find({name, T});
       const double torch_us = it_t == tb.us.end() ? 0.0 : it_t->second;
-      std::printf("%-14s %6lld %5.0f %9.1f %9.1f %5.0f%% %9.1f %6.2fx %8.1f %8.0f\n", name.c_str(),
+      const auto it_p = pb.us.find({name, T});
+      const double peer_us = it_p == pb.us.end() ? 0.0 : it_p->second;
+      std::printf("%-14s %6lld %5.0f %9.1f %9.1f %5.0f%% %9.1f %6.2fx %9.1f %7.2f %8.1f %8.0f\n", name.c_str(),
                   static_cast<long long>(T), touched, us, floor_us, 100.0 * floor_us / us, torch_us,
-                  torch_us > 0 ? torch_us / us : 0.0, flops / us * 1e-6, bytes / us * 1e-3);
+                  torch_us > 0 ? torch_us / us : 0.0, peer_us, peer_us > 0 ? us / peer_us : 0.0, flops / us * 1e-6,
+                  bytes / us * 1e-3);
       std::fflush(stdout);
       rows.push_back({{"shape", name}, {"tokens", T}, {"experts", E}, {"topk", k}, {"hidden", H}, {"intermediate", I},
                       {"touched_experts", touched}, {"us", us}, {"floor_us", floor_us},
                       {"torch_bf16_us", torch_us > 0 ? nlohmann::json(torch_us) : nlohmann::json(nullptr)},
+                      {"peer_us", peer_us > 0 ? nlohmann::json(peer_us) : nlohmann::json(nullptr)},
                       {"tflops", flops / us * 1e-6}, {"gbps", bytes / us * 1e-3}});
     }
     cudaEventDestroy(e0);
@@ -261,10 +282,11 @@ int run_moe_bench(const moe_bench_options& opt) {
     char date[16];
     const std::time_t now = std::time(nullptr);
     std::strftime(date, sizeof date, "%Y-%m-%d", std::gmtime(&now));
-    const nlohmann::json j = {{"gpu", prop.name},        {"commit", opt.commit},
-                              {"date", date},            {"copy_tbps", copy_tbps},
-                              {"bf16_tflops", tb.bf16_tflops > 0 ? nlohmann::json(tb.bf16_tflops) : nlohmann::json(nullptr)},
-                              {"rows", rows}};
+    nlohmann::json j = {{"gpu", prop.name},        {"commit", opt.commit},
+                        {"date", date},            {"copy_tbps", copy_tbps},
+                        {"bf16_tflops", tb.bf16_tflops > 0 ? nlohmann::json(tb.bf16_tflops) : nlohmann::json(nullptr)},
+                        {"peer", pb.info},         {"rows", rows}};
+    if (pb.info.is_null()) j["peer_reason"] = pb.reason;
     std::ofstream(opt.json_out) << j.dump(2) << "\n";
   }
   return 0;

@@ -13,6 +13,7 @@ struct moe_bench_options {
   int iters = 30;                 // timed graph replays per point (median reported)
   std::string json_out;           // write the results JSON here ("" = don't)
   std::string torch_json;         // torch BF16 baseline measured in this run (bench/torch_baseline.py)
+  std::string peer_json;          // the peer measured in this run (bench/peer_triton.py)
   std::string commit = "unknown";
 };
 

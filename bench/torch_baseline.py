@@ -17,7 +17,7 @@ import sys
 import torch
 
 SHAPES = {
-    # name: (E, H, I, k, routing, activation)   (BRIEF section 4)
+    # name: (E, H, I, k, routing, activation)   (docs/models.md)
     "gpt-oss-120b": (128, 2880, 2880, 4, "topk_softmax", "swiglu_clamped"),
     "qwen3-30b-a3b": (128, 2048, 768, 8, "softmax_topk", "silu_mul"),
     "kimi-k2": (384, 7168, 2048, 8, "sigmoid_topk", "silu_mul"),

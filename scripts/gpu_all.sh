@@ -3,17 +3,21 @@
 # (scripts/setup.sh, carried in build/bin). Full results go to $OUT (default ./gpu-out):
 #   log.txt            everything printed
 #   gpu_tests.json     GoogleTest results of mxmoe_gpu_tests
-#   bench_quantize.json, torch.json, bench_moe.json, roofline.png
+#   bench_quantize.json, torch.json, peer.json, bench_moe.json, roofline.png
 #   summary.txt        the short table printed last
-# Steps (MXMOE_STEPS, default all): tests sanitize cli quantize torch moe
+# Steps (MXMOE_STEPS, default all): tests sanitize cli quantize torch peer moe python
+#   peer: bench/peer_triton.py (triton_kernels matmul_ogs as vLLM 0.33.0 runs it) from .peer/
+#   (scripts/fetch_peer.sh; MXMOE_PEER_DIR elsewhere); when absent or failing, peer.json says why
+#   python: python/tests on the GPU (torch ops on CUDA, CUDA graphs, the Hugging Face models),
+#   with the source package and $MXMOE_LIBRARY (default $BIN/../lib/libmxmoe_c.so): no install
 #   MXMOE_TOKENS   token counts for the layer benchmark (default 1,8,32,64,128,512,2048,8192,16384)
-#   MXMOE_SHAPES   shapes (default: the six of BRIEF §4)
+#   MXMOE_SHAPES   shapes (default: the six of docs/models.md)
 #   MXMOE_COMMIT   commit recorded in the JSON
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-$PWD/gpu-out}
 BIN=${MXMOE_BIN:-build/bin}
-STEPS=${MXMOE_STEPS:-tests sanitize cli quantize torch moe}
+STEPS=${MXMOE_STEPS:-tests sanitize cli quantize torch peer moe python}
 TOKENS=${MXMOE_TOKENS:-1,8,32,64,128,512,2048,8192,16384}
 SHAPES=${MXMOE_SHAPES:-gpt-oss-120b,qwen3-30b-a3b,kimi-k2,gpt-oss-20b,deepseek-v3,deepseek-v4-flash-like}
 COMMIT=${MXMOE_COMMIT:-unknown}
@@ -73,12 +77,38 @@ if has torch; then
   PYTHONUNBUFFERED=1 timeout 420 python3 bench/torch_baseline.py --json "$OUT/torch.json" --shapes "$SHAPES" \
     --tokens "$TOKENS" 2>&1 | tee -a "$LOG" || status=1
 fi
+if has peer; then
+  step "peer: triton_kernels matmul_ogs as vLLM 0.33.0 runs it"
+  PEER_DIR=${MXMOE_PEER_DIR:-.peer}
+  peer_unavailable() {
+    python3 -c 'import json, sys; json.dump({"peer": None, "available": False, "reason": sys.argv[2], "rows": []}, open(sys.argv[1], "w"))' \
+      "$OUT/peer.json" "$1"
+    echo "peer: $1" | tee -a "$LOG"
+  }
+  rm -f "$OUT/peer.json"
+  if [ -f "$PEER_DIR/triton_kernels/matmul_ogs.py" ]; then
+    PYTHONUNBUFFERED=1 PYTHONPATH="$PEER_DIR" timeout 480 python3 bench/peer_triton.py --json "$OUT/peer.json" \
+      --shapes "$SHAPES" --tokens "$TOKENS" 2>&1 | tee -a "$LOG"
+    rc=${PIPESTATUS[0]}
+    [ "$rc" -eq 0 ] || status=1
+    [ -f "$OUT/peer.json" ] || peer_unavailable "bench/peer_triton.py exited $rc before writing any result"
+  else
+    peer_unavailable "$PEER_DIR/triton_kernels is absent: run scripts/fetch_peer.sh where PyPI is reachable and bring $PEER_DIR along"
+  fi
+fi
 if has moe; then
   step "MoE layer benchmark"
   tj=""; [ -f "$OUT/torch.json" ] && tj="--torch-json $OUT/torch.json"
-  timeout 480 "$BIN/bench_moe" --shapes "$SHAPES" --tokens "$TOKENS" --json "$OUT/bench_moe.json" --commit "$COMMIT" $tj \
+  pj=""; [ -f "$OUT/peer.json" ] && pj="--peer-json $OUT/peer.json"
+  timeout 480 "$BIN/bench_moe" --shapes "$SHAPES" --tokens "$TOKENS" --json "$OUT/bench_moe.json" --commit "$COMMIT" $tj $pj \
     2>&1 | tee -a "$LOG" || status=1
   [ -f "$OUT/bench_moe.json" ] && python3 bench/plot_roofline.py "$OUT/bench_moe.json" "$OUT/roofline.png" >>"$LOG" 2>&1
+fi
+if has python; then
+  step "Python tests on the GPU"
+  MXMOE_LIBRARY=${MXMOE_LIBRARY:-$BIN/../lib/libmxmoe_c.so} PYTHONPATH=python${PYTHONPATH:+:$PYTHONPATH} \
+    timeout 420 python3 -m pytest python/tests -q -rs -p no:cacheprovider \
+    --junitxml="$OUT/python_tests.xml" 2>&1 | tee -a "$LOG" | tail -n 15; [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
 fi
 python3 scripts/gpu_summary.py "$OUT" | tee "$OUT/summary.txt"
 exit $status

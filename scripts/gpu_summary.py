@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """Short summary table of a scripts/gpu_all.sh run: test counts, sanitizer verdicts,
-quantize throughput and the MoE layer against its floor and the torch BF16 baseline."""
+quantize throughput and the MoE layer against its floor, the torch BF16 baseline and the peer
+(bench/peer_triton.py: peer µs and mxmoe/peer per point, or why the peer did not run)."""
 import json
 import os
 import re
@@ -42,8 +43,37 @@ if q:
 m = load("bench_moe.json")
 if m:
     print(f"MoE layer ({m['gpu']}, copy {m['copy_tbps']:.2f} TB/s, bf16 {m.get('bf16_tflops') or 0:.0f} TFLOP/s):")
-    print(f"  {'shape':14s} {'T':>6s} {'us':>9s} {'floor%':>7s} {'torch_us':>9s} {'vs torch':>8s} {'TFLOP/s':>8s}")
+    peer = m.get("peer")
+    p = load("peer.json") or {}
+    peer_rows = {(r["shape"], r["tokens"]): r for r in p.get("rows", [])}
+    print(f"  {'shape':14s} {'T':>6s} {'us':>9s} {'floor%':>7s} {'torch_us':>9s} {'vs torch':>8s} {'peer_us':>9s} "
+          f"{'mx/peer':>7s} {'TFLOP/s':>8s}")
+    missing = []
     for r in m["rows"]:
-        tu = r.get("torch_bf16_us")
+        tu, pu = r.get("torch_bf16_us"), r.get("peer_us")
         print(f"  {r['shape']:14s} {r['tokens']:6d} {r['us']:9.1f} {100 * r['floor_us'] / r['us']:6.0f}% "
-              f"{tu or 0:9.1f} {(tu / r['us']) if tu else 0:7.2f}x {r['tflops']:8.1f}")
+              f"{tu or 0:9.1f} {(tu / r['us']) if tu else 0:7.2f}x "
+              + (f"{pu:9.1f} {r['us'] / pu:7.2f}" if pu else f"{'-':>9s} {'-':>7s}") + f" {r['tflops']:8.1f}")
+        if peer and not pu:
+            why = peer_rows.get((r["shape"], r["tokens"]), {}).get("error", "no peer result for this point")
+            missing.append(f"{r['shape']} T={r['tokens']}: {why}")
+    if peer:
+        print(f"  peer: {peer.get('name', '?')}, {peer.get('version', '?')}; mx/peer = mxmoe us / peer us")
+        rel = [(r["rel_l2"], r["shape"], r["tokens"]) for r in p.get("rows", []) if r.get("rel_l2") is not None]
+        if rel:
+            worst = max(rel)
+            print(f"  peer rel-L2 vs the float64 reference: max {worst[0]:.2e} ({worst[1]} T={worst[2]}) over "
+                  f"{len(rel)} points (a subset of tokens, see bench/peer_triton.py)")
+        for line in missing:
+            print(f"  peer did not run at {line}")
+        if p and not p.get("complete", True):
+            print("  peer run incomplete: it was cut short (see log.txt)")
+    else:
+        print(f"  peer did not run: {m.get('peer_reason') or p.get('reason') or 'no peer in this run'}")
+elif load("peer.json"):
+    p = load("peer.json")
+    print("peer without the MoE benchmark (no bench_moe.json in this run):")
+    if not p.get("available"):
+        print(f"  peer did not run: {p.get('reason', '?')}")
+    for r in p.get("rows", []):
+        print(f"  {r['shape']:22s} {r['tokens']:6d} " + (f"{r['us']:9.1f} us" if "us" in r else f"failed: {r.get('error')}"))

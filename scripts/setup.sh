@@ -6,10 +6,13 @@
 #   2. CUTLASS/CuTe headers from the PyPI nvidia-cutlass wheel (pinned) into .deps/cutlass,
 #      unless MXMOE_CUTLASS_DIR points at a CUTLASS checkout already. Only with nvcc present.
 #   3. Configure and build into ${MXMOE_BUILD_DIR:-build} (CUDA backend when nvcc is found).
+#   4. Install the Python package (python/, `import mxmoe`) from that same build directory, so
+#      nothing is compiled twice (scripts/python_env.sh picks the interpreter).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 CUTLASS_VERSION=4.2.0.0
+SKBUILD_CORE_VERSION=1.1.2
 BUILD_DIR=${MXMOE_BUILD_DIR:-build}
 PKGS=(g++ cmake ninja-build python3 python3-pip unzip libgtest-dev libcli11-dev nlohmann-json3-dev libfmt-dev)
 
@@ -26,9 +29,10 @@ if ! command -v nvcc >/dev/null 2>&1 && [ -x /usr/local/cuda/bin/nvcc ]; then
   export PATH="$PATH:/usr/local/cuda/bin"
 fi
 cmake_args=(-G Ninja -DCMAKE_BUILD_TYPE=Release)
+cutlass_define=""
 if command -v nvcc >/dev/null 2>&1; then
   if [ -n "${MXMOE_CUTLASS_DIR:-}" ]; then
-    cmake_args+=("-DMXMOE_CUTLASS_DIR=$MXMOE_CUTLASS_DIR")
+    cutlass_define=$MXMOE_CUTLASS_DIR
   else
     dest=.deps/cutlass
     if [ "$(cat "$dest/VERSION" 2>/dev/null)" != "$CUTLASS_VERSION" ]; then
@@ -43,8 +47,9 @@ if command -v nvcc >/dev/null 2>&1; then
       echo "$CUTLASS_VERSION" >"$dest/VERSION"
       rm -rf "$tmp"
     fi
-    cmake_args+=("-DMXMOE_CUTLASS_DIR=$PWD/$dest")
+    cutlass_define=$PWD/$dest
   fi
+  cmake_args+=("-DMXMOE_CUTLASS_DIR=$cutlass_define")
 else
   echo "setup: no nvcc found: building the CPU backend only"
 fi
@@ -54,3 +59,11 @@ if [ ! -f "$BUILD_DIR/build.ninja" ]; then
 fi
 cmake --build "$BUILD_DIR" -j "${MXMOE_JOBS:-$(nproc)}"
 echo "setup: built into $BUILD_DIR"
+
+# Without build isolation: scikit-build-core clears a build directory's CMake cache when it runs
+# from a different (temporary, isolated) environment than last time.
+. scripts/python_env.sh
+"$MXMOE_PYTHON" -m pip install -q --disable-pip-version-check --root-user-action=ignore "scikit-build-core==$SKBUILD_CORE_VERSION"
+"$MXMOE_PYTHON" -m pip install -q --disable-pip-version-check --root-user-action=ignore --no-build-isolation ./python \
+  -C build-dir="$PWD/$BUILD_DIR" ${cutlass_define:+-C "cmake.define.MXMOE_CUTLASS_DIR=$cutlass_define"}
+echo "setup: Python package mxmoe installed for $("$MXMOE_PYTHON" -c 'import sys; print(sys.executable)')"

@@ -1,21 +1,21 @@
-// Backend choice, the --device/--rule options and the progress bar shared by the subcommands.
+// The --device/--rule options, the progress bar and the verified run shared by the subcommands.
 #include "cli_common.h"
 
 #include <unistd.h>
 
+#include <chrono>
 #include <cstdio>
 #include <map>
 
-#include "mxmoe/cuda.h"
 #include "mxmoe/error.h"
 
 namespace mxmoe::cli {
 
 void set_details(CLI::App* cmd, const std::string& text) { cmd->footer(text + "\n\n" + kExitCodeHelp); }
 
-void add_device_option(CLI::App* cmd, device_request* target) {
-  const std::map<std::string, device_request> names{
-      {"auto", device_request::automatic}, {"cpu", device_request::cpu}, {"cuda", device_request::cuda}};
+void add_device_option(CLI::App* cmd, backend_request* target) {
+  const std::map<std::string, backend_request> names{
+      {"auto", backend_request::automatic}, {"cpu", backend_request::cpu}, {"cuda", backend_request::cuda}};
   cmd->add_option("--device", *target,
                   "auto (cuda when an sm_90 GPU is usable, else cpu, and says why), cpu, or cuda (an error "
                   "with exit code 3 when no GPU is usable)")
@@ -34,35 +34,44 @@ CLI::Option* add_rule_option(CLI::App* cmd, mx::scale_rule* target) {
       ->option_text("floor|even|rceil|mse");
 }
 
-backend_choice choose_backend(device_request request) {
-  std::string why;
-  const bool gpu = cuda::available(&why);
-  if (request == device_request::cpu) return {device_kind::cpu, "cpu", "--device cpu was requested"};
-  if (gpu) {
-    const std::string name = "cuda (" + cuda::device_name() + ")";
-    return {device_kind::cuda, name,
-            request == device_request::cuda ? "--device cuda was requested" : "auto: a usable sm_90 GPU was found"};
+backend_choice choose_device(backend_request request) {
+  try {
+    backend_choice b = choose_backend(request);
+    if (request != backend_request::automatic) b.reason = "--device " + b.reason;
+    return b;
+  } catch (const unsupported& e) {
+    throw unsupported(std::string("--device ") + e.what());
   }
-  if (request == device_request::cuda) throw unsupported("--device cuda: no usable GPU: " + why);
-  return {device_kind::cpu, "cpu", "auto: no usable GPU (" + why + "), so the CPU backend runs"};
 }
 
-progress_bar::progress_bar(std::string label, int64_t total)
-    : label_(std::move(label)), total_(total), enabled_(total > 0 && ::isatty(STDERR_FILENO) == 1) {}
+progress_bar::progress_bar(std::string label) : label_(std::move(label)), enabled_(::isatty(STDERR_FILENO) == 1) {}
 
 progress_bar::~progress_bar() {
-  if (enabled_) std::fputs("\r\033[K", stderr);
+  if (drawn_) std::fputs("\r\033[K", stderr);
 }
 
-void progress_bar::advance(int64_t steps, const std::string& note) {
-  done_ += steps;
-  if (!enabled_) return;
+void progress_bar::show(const convert_progress& p) {
+  if (!enabled_ || p.total <= 0) return;
+  drawn_ = true;
   constexpr int kWidth = 30;
-  const int filled = static_cast<int>(kWidth * std::min(done_, total_) / total_);
+  const int filled = static_cast<int>(kWidth * std::min(p.done, p.total) / p.total);
   std::fprintf(stderr, "\r\033[K%s [%s%s] %lld/%lld %s", label_.c_str(), std::string(static_cast<size_t>(filled), '#').c_str(),
-               std::string(static_cast<size_t>(kWidth - filled), ' ').c_str(), static_cast<long long>(done_),
-               static_cast<long long>(total_), note.c_str());
+               std::string(static_cast<size_t>(kWidth - filled), ' ').c_str(), static_cast<long long>(p.done),
+               static_cast<long long>(p.total), p.note.c_str());
   std::fflush(stderr);
+}
+
+verified_run run_verified(const moe_weights& weights, const moe_config& cfg, const synthetic::layer_inputs& in,
+                          device_kind backend, cpu::precision reference) {
+  verified_run run;
+  const prepared_moe layer = prepare(weights, cfg, backend);
+  run.out.resize(static_cast<size_t>(in.tokens * cfg.shape.hidden));
+  const tensor_view out(run.out.data(), dtype::f32, {in.tokens, cfg.shape.hidden});
+  const auto t0 = std::chrono::steady_clock::now();
+  moe_forward_host(layer, in.x_view(), in.routing(), out);
+  run.backend_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  run.check = verify_forward(weights, cfg, in.x_view(), in.routing(), out, backend, reference);
+  return run;
 }
 
 }  // namespace mxmoe::cli

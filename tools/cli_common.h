@@ -1,14 +1,20 @@
-// Shared pieces of the `mxmoe` command line: exit codes, backend choice, the progress bar and
-// the registration hook of each subcommand (one file per command).
+// Shared pieces of the `mxmoe` command line: exit codes, the --device and --rule options, the
+// progress bar, the verified run of `run` and `demo`, and the registration hook of each subcommand
+// (one file per command). The work itself is the library's (include/mxmoe/).
 #pragma once
 
 #include <CLI/CLI.hpp>
 #include <cstdint>
 #include <functional>
 #include <string>
+#include <vector>
 
+#include "mxmoe/convert.h"
 #include "mxmoe/dtype.h"
+#include "mxmoe/forward.h"
 #include "mxmoe/mx.h"
+#include "mxmoe/synthetic.h"
+#include "mxmoe/verify.h"
 
 namespace mxmoe::cli {
 
@@ -31,35 +37,41 @@ inline constexpr const char* kExitCodeHelp =
 // the exit codes.
 void set_details(CLI::App* cmd, const std::string& text);
 
-enum class device_request { automatic, cpu, cuda };
-
 // Adds `--device auto|cpu|cuda` to `cmd`.
-void add_device_option(CLI::App* cmd, device_request* target);
+void add_device_option(CLI::App* cmd, backend_request* target);
 
-struct backend_choice {
-  device_kind device = device_kind::cpu;
-  std::string name;    // "cpu" or "cuda (NVIDIA H200)"
-  std::string reason;  // why this backend
-};
-// auto: cuda when cuda::available(), else cpu (and says why). cuda without a GPU throws
-// mxmoe::unsupported (exit code 3). Never falls back silently.
-backend_choice choose_backend(device_request request);
+// choose_backend (forward.h) in the CLI's words: an explicit request's reason and error name the
+// --device flag. cuda without a GPU throws mxmoe::unsupported (exit code 3).
+backend_choice choose_device(backend_request request);
 
 // Adds `--rule floor|even|rceil|mse` to `cmd`.
 CLI::Option* add_rule_option(CLI::App* cmd, mx::scale_rule* target);
 
-// A one-line progress bar on stderr, drawn only when stderr is a terminal.
+// A one-line progress bar on stderr, drawn only when stderr is a terminal; fed by the library's
+// progress callback (convert.h).
 class progress_bar {
  public:
-  progress_bar(std::string label, int64_t total);
+  explicit progress_bar(std::string label);
   ~progress_bar();
-  void advance(int64_t steps, const std::string& note = "");
+  void show(const convert_progress& p);
+  progress_callback callback() {
+    return [this](const convert_progress& p) { show(p); };
+  }
 
  private:
   std::string label_;
-  int64_t total_ = 0, done_ = 0;
-  bool enabled_ = false;
+  bool enabled_ = false, drawn_ = false;
 };
+
+// One MoE layer on `backend`, verified: prepare (forward.h), run on the host inputs
+// (moe_forward_host), then verify_forward against the reference in `reference` precision.
+struct verified_run {
+  std::vector<float> out;  // the backend's output, f32 [T, H]
+  verify_result check;
+  double backend_seconds = 0;
+};
+verified_run run_verified(const moe_weights& weights, const moe_config& cfg, const synthetic::layer_inputs& in,
+                          device_kind backend, cpu::precision reference);
 
 // A subcommand registers itself and its action (returns an exit code).
 using command_action = std::function<int()>;

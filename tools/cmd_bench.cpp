@@ -14,12 +14,15 @@ command add_bench_command(CLI::App& root) {
       "µs, GB/s, TFLOP/s and the fraction of the memory/compute floor measured in the same run. Needs a CUDA build "
       "and an sm_90 GPU (exit code 3 otherwise).\n\n"
       "Examples:\n  mxmoe bench\n  mxmoe bench --shapes gpt-oss-120b --tokens 1,8,128 --json bench.json\n"
-      "  mxmoe bench --torch-json torch_baseline.json --json bench.json");
+      "  mxmoe bench --torch-json torch_baseline.json --peer-json peer.json --json bench.json");
   cmd->add_option("--shapes", opt->shapes, "model presets to benchmark")->delimiter(',');
   cmd->add_option("--tokens", opt->tokens, "token counts")->delimiter(',');
   cmd->add_option("--iters", opt->iters, "timed replays per point (median reported)")->check(CLI::Range(1, 100000));
   cmd->add_option("--json", opt->json_out, "write the results as JSON to this file");
   cmd->add_option("--torch-json", opt->torch_json, "torch BF16 baseline results (bench/torch_baseline.py) to compare with")
+      ->check(CLI::ExistingFile);
+  cmd->add_option("--peer-json", opt->peer_json,
+                  "the peer's results (bench/peer_triton.py: triton_kernels matmul_ogs as vLLM 0.33.0 runs it) to compare with")
       ->check(CLI::ExistingFile);
   cmd->add_option("--commit", opt->commit, "commit id recorded in the JSON");
   return {cmd, [opt] { return bench::run_moe_bench(*opt); }};

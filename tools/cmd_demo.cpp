@@ -11,10 +11,11 @@
 #include <random>
 
 #include "cli_common.h"
-#include "convert.h"
-#include "layer_run.h"
 #include "mxmoe/checkpoint.h"
+#include "mxmoe/convert.h"
 #include "mxmoe/safetensors.h"
+#include "mxmoe/synthetic.h"
+#include "mxmoe/verify.h"
 
 namespace mxmoe::cli {
 namespace {
@@ -34,26 +35,28 @@ moe_config demo_config() {
 
 // Weights of a trained layer are roughly Gaussian with heavier tails: N(0, 1/K) elements, 2% of
 // output rows scaled up 8x (outlier channels) and 0.1% of elements scaled up 6x.
-void fill_weight(std::mt19937_64& rng, int64_t rows, int64_t k, bool x_w_form, uint16_t* out) {
-  std::normal_distribution<float> normal(0.0f, 1.0f / std::sqrt(static_cast<float>(k)));
+// Expert `e` of a weight stored in the gpt-oss BF16 x·W form (layout::checkpoint_xw).
+void fill_weight(std::mt19937_64& rng, const layout::checkpoint_xw& g, int64_t e, uint16_t* out) {
+  std::normal_distribution<float> normal(0.0f, 1.0f / std::sqrt(static_cast<float>(g.cols)));
   std::uniform_real_distribution<float> u(0.0f, 1.0f);
-  std::vector<float> row_gain(static_cast<size_t>(rows));
-  for (auto& g : row_gain) g = u(rng) < 0.02f ? 8.0f : 1.0f;
-  for (int64_t r = 0; r < rows; ++r)
-    for (int64_t c = 0; c < k; ++c) {
+  std::vector<float> row_gain(static_cast<size_t>(g.rows));
+  for (auto& gain : row_gain) gain = u(rng) < 0.02f ? 8.0f : 1.0f;
+  for (int64_t r = 0; r < g.rows; ++r)
+    for (int64_t c = 0; c < g.cols; ++c) {
       const float v = normal(rng) * row_gain[static_cast<size_t>(r)] * (u(rng) < 0.001f ? 6.0f : 1.0f);
-      // gpt-oss BF16 stores the x·W form: [K, rows].
-      out[x_w_form ? c * rows + r : r * k + c] = float_to_bf16(v);
+      out[g.offset(e, r, c)] = float_to_bf16(v);
     }
 }
 
 void write_demo_checkpoint(const std::string& path, uint64_t seed) {
   const int64_t E = kExperts, H = kHidden, I = kIntermediate;
   std::mt19937_64 rng(seed);
-  std::vector<uint16_t> gate_up(static_cast<size_t>(E * H * 2 * I)), down(static_cast<size_t>(E * I * H));
+  const moe_shape shape{E, H, I};
+  const layout::checkpoint_xw gu = checkpoint::gate_up_xw_geometry(shape), dn = checkpoint::down_xw_geometry(shape);
+  std::vector<uint16_t> gate_up(static_cast<size_t>(gu.size())), down(static_cast<size_t>(dn.size()));
   for (int64_t e = 0; e < E; ++e) {
-    fill_weight(rng, 2 * I, H, true, gate_up.data() + e * H * 2 * I);
-    fill_weight(rng, H, I, true, down.data() + e * I * H);
+    fill_weight(rng, gu, e, gate_up.data());
+    fill_weight(rng, dn, e, down.data());
   }
   std::normal_distribution<float> small(0.0f, 0.05f), router(0.0f, 1.0f / std::sqrt(static_cast<float>(H)));
   std::vector<uint16_t> b13(static_cast<size_t>(E * 2 * I)), b2(static_cast<size_t>(E * H)), rw(static_cast<size_t>(E * H)),
@@ -108,7 +111,7 @@ struct demo_args {
   int64_t tokens = 64;
   std::string keep;
   bool json = false;
-  device_request device = device_request::automatic;
+  backend_request device = backend_request::automatic;
 };
 
 struct rule_row {
@@ -119,29 +122,40 @@ struct rule_row {
 
 double pct(int64_t part, int64_t whole) { return whole > 0 ? 100.0 * static_cast<double>(part) / static_cast<double>(whole) : 0.0; }
 
+// The float64 reference output of a layer on the demo's inputs, f32 [T, H].
+std::vector<float> reference_out(const moe_weights& w, const moe_config& cfg, const synthetic::layer_inputs& in) {
+  std::vector<float> out(static_cast<size_t>(in.tokens * cfg.shape.hidden));
+  cpu::moe_forward(in.x_view(), in.routing(), w, cfg, tensor_view(out.data(), dtype::f32, {in.tokens, cfg.shape.hidden}),
+                   cpu::precision::f64);
+  return out;
+}
+
 int run_demo(const demo_args& a) {
-  const backend_choice backend = choose_backend(a.device);
+  const backend_choice backend = choose_device(a.device);
   const work_dir dir(a.keep);
   const std::string bf16_path = dir.file("demo-bf16.safetensors");
   write_demo_checkpoint(bf16_path, a.seed);
   const moe_config cfg = demo_config();
+  const std::vector<int64_t> out_shape{a.tokens, cfg.shape.hidden};
 
   // The BF16 layer's output: what quantization is judged against.
   const safetensors_reader bf16_file(bf16_path);
   const auto bf16_info = checkpoint::find_moe_layer(bf16_file, 0);
   std::vector<uint16_t> w13, w2;
   const moe_weights bf16_w = checkpoint::bf16_weights(bf16_file, bf16_info, w13, w2);
-  const layer_inputs in = generate_inputs(cfg, bf16_w, a.tokens, a.seed + 1);
-  const std::vector<float> bf16_out = reference_forward(bf16_w, cfg, in, true);
+  const synthetic::layer_inputs in = synthetic::make_inputs(cfg, bf16_w, a.tokens, a.seed + 1);
+  const std::vector<float> bf16_out = reference_out(bf16_w, cfg, in);
 
   std::vector<rule_row> rows;
   for (mx::scale_rule rule : mx::kAllScaleRules) {
     const std::string path = dir.file(std::string("demo-mxfp4-") + mx::to_string(rule) + ".safetensors");
-    const quantize_report rep = quantize_checkpoint(bf16_path, path, rule, backend, true, false);
+    const quantize_report rep = quantize_checkpoint(bf16_path, path, {rule, backend.device, true, {}});
     const safetensors_reader q(path);
     const auto info = checkpoint::find_moe_layer(q, 0);
-    const std::vector<float> out = reference_forward(checkpoint::mxfp4_weights(q, info), checkpoint::layer_config(q, info), in, true);
-    rows.push_back({rule, rep.total, compare(out, bf16_out).rel_l2});
+    const std::vector<float> out = reference_out(checkpoint::mxfp4_weights(q, info), checkpoint::layer_config(q, info), in);
+    rows.push_back({rule, rep.total,
+                    compare(tensor_view(out.data(), dtype::f32, out_shape), tensor_view(bf16_out.data(), dtype::f32, out_shape))
+                        .rel_l2});
   }
   const rule_row* best = &rows.front();
   for (const auto& r : rows)
@@ -150,7 +164,9 @@ int run_demo(const demo_args& a) {
   const std::string best_path = dir.file(std::string("demo-mxfp4-") + mx::to_string(best->rule) + ".safetensors");
   const safetensors_reader q(best_path);
   const auto info = checkpoint::find_moe_layer(q, 0);
-  const verified_run run = run_and_verify(checkpoint::mxfp4_weights(q, info), checkpoint::layer_config(q, info), in, backend, true);
+  const verified_run run = run_verified(checkpoint::mxfp4_weights(q, info), checkpoint::layer_config(q, info), in,
+                                        backend.device, cpu::precision::f64);
+  const verify_result& v = run.check;
 
   if (a.json) {
     nlohmann::json j = {{"model", {{"experts", kExperts}, {"hidden", kHidden}, {"intermediate", kIntermediate}, {"top_k", kTopK},
@@ -162,12 +178,12 @@ int run_demo(const demo_args& a) {
                             {"saturated_blocks_pct", pct(r.stats.saturated_blocks, r.stats.blocks)},
                             {"flushed_pct", pct(r.stats.flushed_elements, r.stats.elements)},
                             {"layer_rel_l2_vs_bf16", r.layer_rel_l2}});
-    j["run"] = {{"rule", mx::to_string(best->rule)}, {"backend", run.backend},   {"reason", run.reason},
-                {"reference", run.reference},       {"rel_l2", run.error.rel_l2}, {"max_abs", run.error.max_abs},
-                {"threshold", run.threshold},       {"passed", run.passed}};
+    j["run"] = {{"rule", mx::to_string(best->rule)}, {"backend", backend.name}, {"reason", backend.reason},
+                {"reference", "cpu f64"},          {"rel_l2", v.error.rel_l2}, {"max_abs", v.error.max_abs},
+                {"threshold", v.tolerance.rel_l2}, {"passed", v.passed()}};
     if (dir.kept()) j["files"] = dir.path();
     fmt::print("{}\n", j.dump(2));
-    return run.passed ? kOk : kVerificationFailed;
+    return v.passed() ? kOk : kVerificationFailed;
   }
   fmt::print("mxmoe demo: a gpt-oss-style MoE layer with BF16 weights (E={}, H={}, I={}, top-{}, topk_softmax, biases, "
              "clamped SwiGLU; Gaussian weights with outlier rows; seed {}), quantized to MXFP4 with every scale rule.\n\n",
@@ -179,12 +195,12 @@ int run_demo(const demo_args& a) {
   fmt::print("\nSQNR: weight signal-to-quantization-noise (higher is better). saturated: blocks with an element clamped "
              "to +-6 x scale. flushed: non-zero weights that became 0. layer rel-L2: ||out_mxfp4 - out_bf16|| / "
              "||out_bf16|| of the whole layer on {} random tokens (float64 reference).\n\n", a.tokens);
-  fmt::print("running the layer quantized with '{}' (lowest layer error) on {}: {}\n", mx::to_string(best->rule), run.backend,
-             run.reason);
-  fmt::print("verify vs {} reference: rel-L2 {:.3e}, max abs {:.3e} (threshold rel-L2 {:.0e}): {}\n", run.reference,
-             run.error.rel_l2, run.error.max_abs, run.threshold, run.passed ? "PASS" : "FAIL");
+  fmt::print("running the layer quantized with '{}' (lowest layer error) on {}: {}\n", mx::to_string(best->rule), backend.name,
+             backend.reason);
+  fmt::print("verify vs {} reference: rel-L2 {:.3e}, max abs {:.3e} (threshold rel-L2 {:.0e}): {}\n", "cpu f64",
+             v.error.rel_l2, v.error.max_abs, v.tolerance.rel_l2, v.passed() ? "PASS" : "FAIL");
   if (dir.kept()) fmt::print("files kept in {}\n", dir.path());
-  return run.passed ? kOk : kVerificationFailed;
+  return v.passed() ? kOk : kVerificationFailed;
 }
 
 }  // namespace

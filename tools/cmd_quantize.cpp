@@ -7,7 +7,7 @@
 #include <nlohmann/json.hpp>
 
 #include "cli_common.h"
-#include "convert.h"
+#include "mxmoe/convert.h"
 
 namespace mxmoe::cli {
 namespace {
@@ -36,12 +36,16 @@ struct quantize_args {
   std::string in, out;
   mx::scale_rule rule = mx::scale_rule::even;
   bool force = false, json = false;
-  device_request device = device_request::automatic;
+  backend_request device = backend_request::automatic;
 };
 
 int run_quantize(const quantize_args& a) {
-  const backend_choice backend = choose_backend(a.device);
-  const quantize_report rep = quantize_checkpoint(a.in, a.out, a.rule, backend, a.force, true);
+  const backend_choice backend = choose_device(a.device);
+  quantize_report rep;
+  {  // the bar is cleared before the report is printed
+    progress_bar bar("quantize");
+    rep = quantize_checkpoint(a.in, a.out, {a.rule, backend.device, a.force, bar.callback()});
+  }
   if (a.json) {
     nlohmann::json j = {{"input", a.in},        {"output", a.out},
                         {"rule", mx::to_string(a.rule)}, {"backend", backend.name},
@@ -103,7 +107,10 @@ command add_dequantize_command(CLI::App& root) {
   cmd->add_option("OUT", a->out, "BF16 checkpoint to write")->required();
   cmd->add_flag("--force", a->force, "replace OUT if it exists");
   return {cmd, [a] {
-            dequantize_checkpoint(a->in, a->out, a->force, true);
+            {
+              progress_bar bar("dequantize");
+              dequantize_checkpoint(a->in, a->out, {a->force, bar.callback()});
+            }
             fmt::print("dequantized {} -> {}\n", a->in, a->out);
             return static_cast<int>(kOk);
           }};

@@ -1,4 +1,4 @@
-// mxmoe/activation.h — the one definition of the MoE activations (BRIEF §4), __host__
+// mxmoe/activation.h — the one definition of the MoE activations (docs/models.md), __host__
 // __device__, for float (kernels, CPU backend) and double (the test oracle).
 //   silu_mul:       silu(gate) * up
 //   swiglu_clamped: g = min(gate, limit); u = clamp(up, -limit, limit); g * sigmoid(alpha g) * (u + 1)

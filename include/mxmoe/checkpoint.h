@@ -4,7 +4,7 @@
 // Layouts recognised (prefix P = "<anything>layers.{L}.mlp."):
 //   mxfp4_gpt_oss    P experts.gate_up_proj_blocks u8 [E, 2I, H/32, 16], _scales u8 [E, 2I, H/32],
 //                    P experts.down_proj_blocks u8 [E, H, I/32, 16], _scales u8 [E, H, I/32]
-//                    (BRIEF §3; gate_up rows interleaved: even rows gate, odd rows up).
+//                    (docs/formats.md; gate_up rows interleaved: even rows gate, odd rows up).
 //   bf16_gpt_oss     P experts.gate_up_proj [E, H, 2I] (x·W form, gate/up interleaved columns),
 //                    P experts.down_proj [E, I, H].
 //   bf16_per_expert  Qwen3-MoE / DeepSeek: P experts.{e}.gate_proj.weight [I, H],
@@ -15,9 +15,9 @@
 // BF16 here means any float type (bf16, f16, f32). Shared experts and everything else are not
 // part of the layer and are left to the caller (quantize copies them).
 //
-// Expert weights are converted one expert at a time to what quantization wants: rows = output
-// features, K = the input dimension, contiguous; the fused GEMM1 weight in gpt-oss (interleaved)
-// row order, placed through layout::gate_up_rows.
+// Expert weights are read one expert at a time in what quantization wants (read_expert): rows =
+// output features, K = the input dimension, contiguous; the fused GEMM1 weight in gpt-oss
+// (interleaved) row order, placed through layout::gate_up_rows.
 #pragma once
 
 #include <cstdint>
@@ -70,6 +70,9 @@ std::string gpt_oss_prefix(int64_t layer);
 std::vector<tensor_decl> mxfp4_layer_decls(const std::string& prefix, const moe_shape& shape);
 layout::checkpoint_mxfp4 gate_up_geometry(const moe_shape& shape);  // [E, 2I, H]
 layout::checkpoint_mxfp4 down_geometry(const moe_shape& shape);     // [E, H, I]
+// The same weights in the gpt-oss BF16 layout: gate_up_proj [E, H, 2I], down_proj [E, I, H].
+layout::checkpoint_xw gate_up_xw_geometry(const moe_shape& shape);
+layout::checkpoint_xw down_xw_geometry(const moe_shape& shape);
 
 // The configuration a layer's checkpoint implies: gate_up interleaved for the gpt-oss layouts,
 // concatenated never (per-expert layers are converted to interleaved when written); routing and
@@ -86,15 +89,22 @@ moe_config config_from_json(const std::string& text, const moe_shape& shape);
 // and biases included when present).
 moe_weights mxfp4_weights(const safetensors_reader& file, const moe_layer_info& info);
 
-// One expert of a BF16 layer as float32: w13 [2I, H] in interleaved (gpt-oss) row order and
-// w2 [H, I], both row-major. Reads only that expert's bytes.
-void read_expert_f32(const safetensors_reader& file, const moe_layer_info& info, int64_t expert,
-                     std::vector<float>& w13, std::vector<float>& w2);
+// One expert of a BF16 layer, laid out for quantization and in the file's own element type
+// (info.weight_type: bf16, f16 or f32; nothing is widened): gate_up [2I, H] in interleaved
+// (gpt-oss) row order, placed through layout::gate_up_rows, and down [H, I], both row-major with
+// rows = output features. Reads only that expert's bytes. The views point into `gate_up_buf` and
+// `down_buf`, which are resized here and must outlive them. Throws mxmoe::invalid_argument for an
+// MXFP4 layer or an expert outside [0, E).
+struct expert_weights {
+  tensor_view gate_up, down;
+};
+expert_weights read_expert(const safetensors_reader& file, const moe_layer_info& info, int64_t expert,
+                           std::vector<uint8_t>& gate_up_buf, std::vector<uint8_t>& down_buf);
 
 // A whole BF16 layer materialised as bf16 [E, 2I, H] (interleaved rows) and [E, H, I] in the
-// given buffers, and weights viewing them (biases and router viewing the file). For layers small
-// enough to hold in memory (the reference, tests, the demo).
-moe_weights bf16_weights(const safetensors_reader& file, const moe_layer_info& info, std::vector<uint16_t>& w13,
-                         std::vector<uint16_t>& w2);
+// given buffers (f16 and f32 weights rounded to bf16), and weights viewing them (biases and router
+// viewing the file). For layers small enough to hold in memory (the reference, tests, the demo).
+moe_weights bf16_weights(const safetensors_reader& file, const moe_layer_info& info, std::vector<uint16_t>& gate_up,
+                         std::vector<uint16_t>& down);
 
 }  // namespace mxmoe::checkpoint

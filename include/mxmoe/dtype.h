@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <cstring>
 #include <initializer_list>
 #include <string>
 #include <vector>
@@ -71,6 +72,43 @@ MXMOE_HD uint16_t float_to_f16(float f) {
   }
   const uint32_t rounded = a + 0xFFFu + ((a >> 13) & 1u);
   return static_cast<uint16_t>(sign | ((rounded - (112u << 23)) >> 13));
+}
+
+// bf16, f16 and f32: the element types whose values are floating-point numbers.
+inline bool is_float_type(dtype t) { return t == dtype::bf16 || t == dtype::f16 || t == dtype::f32; }
+
+// Element i of an array of type `t` as float: bf16, f16 and f32 exactly (NaN stays NaN); u8, i32
+// and i64 as the nearest float. The bytes are copied, so `base` needs no alignment (a tensor in a
+// memory-mapped file may sit at any offset). The one way mxmoe reads an element as float.
+MXMOE_HD float load_float(const void* base, dtype t, int64_t i) {
+  const unsigned char* p = static_cast<const unsigned char*>(base);
+  switch (t) {
+    case dtype::bf16: {
+      uint16_t h;
+      memcpy(&h, p + 2 * i, 2);
+      return bf16_to_float(h);
+    }
+    case dtype::f16: {
+      uint16_t h;
+      memcpy(&h, p + 2 * i, 2);
+      return f16_to_float(h);
+    }
+    case dtype::u8: return static_cast<float>(p[i]);
+    case dtype::i32: {
+      int32_t v;
+      memcpy(&v, p + 4 * i, 4);
+      return static_cast<float>(v);
+    }
+    case dtype::i64: {
+      int64_t v;
+      memcpy(&v, p + 8 * i, 8);
+      return static_cast<float>(v);
+    }
+    case dtype::f32: break;
+  }
+  float f;
+  memcpy(&f, p + 4 * i, 4);
+  return f;
 }
 
 // ---- tensor_view ------------------------------------------------------------------------

@@ -8,11 +8,13 @@
 //   scale_linear       s at n * (K/32) + kb                       (row-major [N, K/32])
 //   scale_tiled_128x4  Blackwell block-scaled MMA / cuBLAS / CUTLASS Sm1xxBlockScaledConfig /
 //                      FlashInfer layout_128x4: rows padded to 128, columns to 4, stored as
-//                      [N/128][K/32/4][32][4][4]  (BRIEF §3; vLLM's untile_cutlass_scale inverts it)
+//                      [N/128][K/32/4][32][4][4]  (docs/formats.md; vLLM's untile_cutlass_scale inverts it)
 //   checkpoint_mxfp4   gpt-oss / HF: blocks [E, N, K/32, 16] u8, scales [E, N, K/32] u8 — i.e.
 //                      row-major packed codes, element 2j low nibble, and linear scales.
+//   checkpoint_xw      gpt-oss BF16 expert weights: dense [E, K, N], the x·W form (W transposed).
 //   sm90_fragment      mxmoe's kernel layout (below): each lane's mma.sync / wgmma A-fragment
-//                      contiguous, 16 rows x 64 k per 512-byte tile.
+//                      contiguous, 16 rows x 64 k per 512-byte tile, codes in fragment words
+//                      (mx::fragment_bit) placed for a cheap bf16 conversion.
 //   gate_up_rows       row order of the fused GEMM1 weight in the kernel layout, so that a
 //                      thread holds gate and up of the same output in its accumulators.
 //
@@ -96,40 +98,62 @@ struct checkpoint_mxfp4 {
   }
 };
 
+// ---- gpt-oss BF16 checkpoint: dense [E, K, N] ----------------------------------------------
+// The BF16 gpt-oss checkpoints (and Hugging Face transformers' GptOssExperts) store each expert's
+// weight for x @ W, i.e. W[N][K] transposed: gate_up_proj [E, H, 2I] (column c is row c of the
+// fused gate/up weight, gate/up interleaved) and down_proj [E, I, H]. Element (e, n, k) of W sits
+// at element (e * K + k) * N + n. Any float type; offsets are in elements.
+struct checkpoint_xw {
+  int64_t experts = 1, rows = 0, cols = 0;  // N (outputs), K (inputs)
+  MXMOE_HD int64_t size() const { return experts * rows * cols; }
+  MXMOE_HD int64_t offset(int64_t e, int64_t n, int64_t k) const { return (e * cols + k) * rows + n; }
+  MXMOE_HD void coord(int64_t off, int64_t* e, int64_t* n, int64_t* k) const {
+    *n = off % rows;
+    *k = (off / rows) % cols;
+    *e = off / rows / cols;
+  }
+};
+
 // ---- sm90 fragment layout (mxmoe kernels) -------------------------------------------------
 // The matrix is cut into tiles of 16 rows x 64 k, stored tile-row-major ([N/16][K/64]), so a
-// warp streaming one row tile along K reads contiguous memory. A tile is 512 bytes: lane L
-// (g = L/4, t = L%4) owns bytes [16L, 16L+16) = four u32 words, word j for the k16 step j.
-// mma.sync.m16n8k16 (and each warp of a wgmma m64 A-from-registers) wants, per lane and k16
-// step, bf16x2 registers a0 = W[g][2t, 2t+1], a1 = W[g+8][2t, 2t+1], a2 = W[g][2t+8, 2t+9],
-// a3 = W[g+8][2t+8, 2t+9]. Register r's two elements sit in nibbles r (low half) and r+4
-// (high half) of the word, which is the pairing mx::e2m1x2_to_bf16x2_pow2m126 produces with
-// shifts 0, 4, 8, 12: four integer ops per bf16x2.
+// warp streaming one row tile along K reads contiguous memory. A tile is 512 bytes = 128 u32
+// words: lane L (g = L/4, t = L%4) owns words 4L..4L+3 (bytes [16L, 16L+16)), word j for the k16
+// step j. mma.sync.m16n8k16 (and each warp of a wgmma m64 A-from-registers) wants, per lane and
+// k16 step, bf16x2 registers a0 = W[g][2t, 2t+1], a1 = W[g+8][2t, 2t+1], a2 = W[g][2t+8, 2t+9],
+// a3 = W[g+8][2t+8, 2t+9]: register r's two elements are slots r (low half) and r + 4 (high
+// half) of the word, a "fragment word" whose bit placement is mx::fragment_bit (decoded to the
+// registers by mx::fragment_bf16x2_pow2m126). Words are little-endian u32 at byte 4 * word.
 // Scales: 32 bytes per tile; lane L reads the u32 at byte 4g: bytes (g, kb0), (g+8, kb0),
 // (g, kb1), (g+8, kb1), where kb0/kb1 are the tile's two 32-element blocks.
 struct sm90_fragment {
   static constexpr int kTileRows = 16, kTileCols = 64, kTileBytes = 512, kTileScaleBytes = 32;
+  static constexpr int kTileWords = kTileBytes / 4;
   int64_t rows = 0, cols = 0;  // N, K (K a multiple of 32)
   MXMOE_HD int64_t row_tiles() const { return ceil_div(rows, kTileRows); }
   MXMOE_HD int64_t col_tiles() const { return ceil_div(cols, kTileCols); }
   MXMOE_HD int64_t weight_bytes() const { return row_tiles() * col_tiles() * kTileBytes; }
+  MXMOE_HD int64_t weight_words() const { return row_tiles() * col_tiles() * kTileWords; }
   MXMOE_HD int64_t scale_bytes() const { return row_tiles() * col_tiles() * kTileScaleBytes; }
 
-  MXMOE_HD nibble_pos code_offset(int64_t n, int64_t k) const {
+  // Where code (n, k) lives: fragment word `word` (u32 index into the code storage), slot 0..7.
+  struct code_slot {
+    int64_t word;
+    int slot;
+  };
+  MXMOE_HD code_slot code_offset(int64_t n, int64_t k) const {
     const int64_t tile = (n / kTileRows) * col_tiles() + k / kTileCols;
     const int r = static_cast<int>(n % kTileRows), c = static_cast<int>(k % kTileCols);
     const int j = c / 16, cc = c % 16;
     const int g = r % 8, rh = r / 8, t = (cc % 8) / 2, hi = cc & 1, kh = cc / 8;
-    const int p = (rh + 2 * kh) + 4 * hi;  // nibble within the u32 word
     const int lane = g * 4 + t;
-    return {tile * kTileBytes + lane * 16 + j * 4 + p / 2, p & 1};
+    return {tile * kTileWords + lane * 4 + j, (rh + 2 * kh) + 4 * hi};
   }
   // Inverse over the padded storage; false for padding.
-  MXMOE_HD bool code_coord(nibble_pos pos, int64_t* n, int64_t* k) const {
-    const int64_t tile = pos.byte / kTileBytes;
-    const int in = static_cast<int>(pos.byte % kTileBytes);
-    const int lane = in / 16, j = (in % 16) / 4, p = (in % 4) * 2 + pos.high;
-    const int g = lane / 4, t = lane % 4, reg = p % 4, hi = p / 4;
+  MXMOE_HD bool code_coord(code_slot pos, int64_t* n, int64_t* k) const {
+    const int64_t tile = pos.word / kTileWords;
+    const int in = static_cast<int>(pos.word % kTileWords);
+    const int lane = in / 4, j = in % 4;
+    const int g = lane / 4, t = lane % 4, reg = pos.slot % 4, hi = pos.slot / 4;
     const int rh = reg % 2, kh = reg / 2;
     *n = (tile / col_tiles()) * kTileRows + g + 8 * rh;
     *k = (tile % col_tiles()) * kTileCols + j * 16 + kh * 8 + 2 * t + hi;

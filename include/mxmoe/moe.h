@@ -1,10 +1,11 @@
 // mxmoe/moe.h — Mixture-of-Experts semantics: configuration, weights, routing, and the CPU
-// reference layer that defines what every backend must compute (BRIEF §4).
+// reference layer that defines what every backend must compute (the models: docs/models.md).
 //
 //   x [T, H]; router logits [T, E] (given, or x·Wrᵀ + br from the router weights);
 //   routing -> expert ids [T, k] and weights [T, k];
-//   per selected expert e: h = x·W13ₑᵀ (+ b13ₑ) [2I]; a = act(gate, up) [I];
-//                           y = a·W2ₑᵀ (+ b2ₑ) [H];  out = Σ_k w_k · y_k.
+//   per selected expert e: h = x·gate_upₑᵀ (+ gate_up_biasₑ) [2I]; a = act(gate, up) [I];
+//                           y = a·downₑᵀ (+ down_biasₑ) [H];  out = Σ_k w_k · y_k.
+// The backends behind one call: include/mxmoe/forward.h.
 #pragma once
 
 #include <cstdint>
@@ -61,8 +62,9 @@ struct moe_config {
 // top_k <= topk_group * E / n_group, finite positive alpha/limit/scaling factor.
 void validate(const moe_config& cfg);
 
-// Expert weights in the checkpoint layout (BRIEF §3). The expert matrices live in host memory, or
-// (for cuda::moe_layer only) all in device memory; biases and router tensors in host memory.
+// Expert weights in the checkpoint layout (docs/formats.md). The expert matrices live in host
+// memory, or (for a cuda target: prepare, cuda::moe_layer) all in device memory; biases and router
+// tensors in host memory.
 // Optional tensors: a default-constructed tensor_view means "not given".
 struct moe_weights {
   weight_format format = weight_format::mxfp4;

@@ -268,15 +268,64 @@ MXMOE_HD void dequantize_block(const uint8_t* packed, uint8_t scale, float* out)
   for (int i = 0; i < kBlockSize; ++i) out[i] = dequantize_value(unpack_e2m1(packed[i >> 1], i), scale);
 }
 
-// ---- the fast E2M1 -> BF16 conversion used by the sm90 kernels ----------------------------
-// Placing a code's sign at bit 15 and its three magnitude bits at bits 8..6 of a bf16 gives
-// exactly e2m1(code) * 2^-126 (code 1 lands on a bf16 subnormal, which is what 0.5 * 2^-126
-// is). Multiplying by 2^126 and by the block scale (both exact in bf16) finishes the job.
-// `word` holds 8 codes; the result pairs codes (i, i+4) as the (low, high) halves of a bf16x2,
-// i.e. the call with shift s returns codes (s/4, s/4 + 4). See layout::sm90_fragment for why.
-MXMOE_HD uint32_t e2m1x2_to_bf16x2_pow2m126(uint32_t word, int shift) {
-  const uint32_t w = word >> shift;
-  return ((w << 6) & 0x01C001C0u) | ((w << 12) & 0x80008000u);
+// ---- the sm90 fragment word and its fast E2M1 -> BF16 conversion ---------------------------
+// The kernels' weight layout (layout::sm90_fragment) stores one lane's mma.m16n8k16 A fragment of
+// one k16 step as a u32 "fragment word" of 8 codes: slot s = r + 4h is element h (0: low, 1: high
+// half of the bf16x2) of A register r (0..3). Placing a code's sign at bf16 bit 15 and its three
+// magnitude bits (mantissa, exponent low, exponent high) at bits 6, 7, 8 gives exactly
+// e2m1(code) * 2^-126 (code 1 lands on a bf16 subnormal, which is what 0.5 * 2^-126 is);
+// multiplying by 2^126 and by the block scale (both exact in bf16) finishes the job.
+//
+// The bits of the 8 codes are placed in the word so that each register takes few integer ops to
+// reach that bf16x2 form (mask M = 0x81C081C0, the sign and magnitude bits of both halves):
+//   r0 = w & M                                  (1 op)
+//   r1 = (w << 6) & M                           (2 ops; the shift can issue as IMAD.SHL)
+//   r2 = rotl(w, 12) & M                        (2 ops)
+//   r3 = ((w << 2) & M') | ((w >> 6) & M'')     (4 ops; the exponent high bit via >> 6)
+// 9 ops for 4 bf16x2 instead of 3-4 each with plain nibbles. No single shift of one mask tiles
+// the word four times over, so one register needs two shifts.
+//
+// fragment_bit(slot, b): the word bit holding code bit b (0 mantissa, 1..2 exponent, 3 sign) of
+// `slot`; it is where register slot%4's recipe picks the bit up from its bf16 target position.
+MXMOE_HD constexpr int fragment_bit(int slot, int b) {
+  const int h = slot / 4, target = (b < 3 ? 6 + b : 15) + 16 * h;
+  switch (slot % 4) {
+    case 0: return target;
+    case 1: return target - 6;
+    case 2: return (target + 20) % 32;  // rotl by 12
+    default: return b == 2 ? target + 6 : target - 2;
+  }
+}
+
+// Packs 8 codes (slot order) into a fragment word, and reads one back.
+MXMOE_HD uint32_t fragment_word_pack(const uint8_t (&codes)[8]) {
+  uint32_t w = 0;
+  for (int s = 0; s < 8; ++s)
+    for (int b = 0; b < 4; ++b) w |= static_cast<uint32_t>((codes[s] >> b) & 1u) << fragment_bit(s, b);
+  return w;
+}
+MXMOE_HD uint8_t fragment_word_code(uint32_t word, int slot) {
+  uint32_t c = 0;
+  for (int b = 0; b < 4; ++b) c |= ((word >> fragment_bit(slot, b)) & 1u) << b;
+  return static_cast<uint8_t>(c);
+}
+
+// A register r of a fragment word as bf16x2 (slot r low, slot r + 4 high), each half
+// e2m1(code) * 2^-126. `r` is a compile-time constant in the kernels.
+MXMOE_HD uint32_t fragment_bf16x2_pow2m126(uint32_t w, int r) {
+  constexpr uint32_t kMask = 0x81C081C0u;
+  switch (r) {
+    case 0: return w & kMask;
+    case 1: return (w << 6) & kMask;
+    case 2: {
+#if defined(__CUDA_ARCH__)
+      return __funnelshift_l(w, w, 12) & kMask;
+#else
+      return ((w << 12) | (w >> 20)) & kMask;
+#endif
+    }
+    default: return ((w << 2) & 0x80C080C0u) | ((w >> 6) & 0x01000100u);
+  }
 }
 
 // bf16 bits of 2^(scale-127) (byte 0 is the bf16 subnormal 0x0040). 0xFF -> NaN.
@@ -287,5 +336,22 @@ MXMOE_HD uint16_t e8m0_to_bf16_bits(uint8_t scale) {
 }
 
 inline constexpr uint16_t kBf16Pow2_126 = static_cast<uint16_t>((126 + 127) << 7);  // 2^126
+
+// ---- what a scale rule implies about a quantized block (reading checkpoints back) ------------
+// Each rule places a block's amax at a fixed window relative to its scale 2^(s-127): amax / 2^(s-127)
+// lies in [4, 8) for floor, [3.5, 7) for even, (3, 6] for rceil and [2, 16) for mse (one of
+// floor - 1, floor, floor + 1). So the largest |code| of a block the rule quantized is at least
+// min_block_max_code(rule): 6 (value 4) for floor and even, 5 (value 3) for rceil, 4 (value 2)
+// for mse. It holds for every block with an ordinary scale: not 0xFF (NaN), not clamped to byte
+// 0 or 254, and not all zero. A block below the minimum was not quantized with that rule.
+MXMOE_HD int min_block_max_code(scale_rule r) {
+  switch (r) {
+    case scale_rule::floor:
+    case scale_rule::even: return 6;
+    case scale_rule::rceil: return 5;
+    case scale_rule::mse: return 4;
+  }
+  return 0;
+}
 
 }  // namespace mxmoe::mx

@@ -1,4 +1,4 @@
-// mxmoe/presets.h — the MoE layers of the models mxmoe targets (BRIEF §4), as configurations.
+// mxmoe/presets.h — the MoE layers of the models mxmoe targets (docs/models.md), as configurations.
 // Used by `mxmoe run --preset`, the benchmark and the tests; weights are synthetic.
 #pragma once
 

@@ -36,10 +36,16 @@ struct quant_stats {
   void merge(const quant_stats& o);
 };
 
+// The role of the values tensor in an (values, packed, scales) triple, which fixes its checks and
+// its name in messages:
+//   quantize_input     "x":   bf16 | f16 | f32, last dimension contiguous, rows may be strided;
+//   dequantize_output  "out": bf16 | f32, contiguous (written by several threads).
+enum class mx_values : uint8_t { quantize_input, dequantize_output };
+
 // Checks shapes and dtypes of a (x | out, packed, scales) triple; throws mxmoe::invalid_argument.
-// `values_name` is "x" for quantize and "out" for dequantize.
+// Devices are not checked here.
 void validate_mx_tensor(const tensor_view& values, const tensor_view& packed, const tensor_view& scales,
-                        scale_layout layout, const char* values_name);
+                        scale_layout layout, mx_values role);
 
 quant_stats quantize(const tensor_view& x, mx::scale_rule rule, scale_layout layout,
                      const tensor_view& packed, const tensor_view& scales);

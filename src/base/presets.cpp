@@ -1,4 +1,5 @@
-// Model shapes and MoE semantics from the models' public configurations (BRIEF §4).
+// Model shapes and MoE semantics from the models' Hugging Face config.json files (docs/models.md
+// names each source).
 #include "mxmoe/presets.h"
 
 namespace mxmoe {
@@ -25,7 +26,8 @@ const model_preset kPresets[] = {
     {"qwen3-30b-a3b", make(128, 2048, 768, softmax_topk(8), activation_kind::silu_mul, layout::gate_up_order::concatenated), false},
     {"deepseek-v3", make(256, 7168, 2048, grouped(8, 8, 4, 2.5f), activation_kind::silu_mul, layout::gate_up_order::concatenated), false},
     {"kimi-k2", make(384, 7168, 2048, grouped(8, 1, 1, 2.827f), activation_kind::silu_mul, layout::gate_up_order::concatenated), false},
-    // BRIEF §4 gives only the shape; the routing is an assumption (it barely moves the timing).
+    // A synthetic shape, not a published model (docs/models.md); the routing is an assumption (it
+    // barely moves the timing).
     {"deepseek-v4-flash-like", make(256, 4096, 2048, softmax_topk(6), activation_kind::silu_mul, layout::gate_up_order::concatenated), false},
 };
 

@@ -130,10 +130,10 @@ void validate(const moe_weights& w, const moe_config& cfg) {
                     std::to_string(static_cast<int>(w.format)));
     check_required(w.gate_up, "weights.gate_up", {dtype::bf16}, {e, 2 * i, h}, w.gate_up.device);
     check_required(w.down, "weights.down", {dtype::bf16}, {e, h, i}, w.gate_up.device);
-    check_unused(w.gate_up_blocks, "weights.gate_up_blocks", "format is bf16: use w13");
-    check_unused(w.gate_up_scales, "weights.gate_up_scales", "format is bf16: use w13");
-    check_unused(w.down_blocks, "weights.down_blocks", "format is bf16: use w2");
-    check_unused(w.down_scales, "weights.down_scales", "format is bf16: use w2");
+    check_unused(w.gate_up_blocks, "weights.gate_up_blocks", "format is bf16: use gate_up");
+    check_unused(w.gate_up_scales, "weights.gate_up_scales", "format is bf16: use gate_up");
+    check_unused(w.down_blocks, "weights.down_blocks", "format is bf16: use down");
+    check_unused(w.down_scales, "weights.down_scales", "format is bf16: use down");
   }
   check_optional(w.gate_up_bias, "weights.gate_up_bias", {dtype::bf16, dtype::f32}, {e, 2 * i});
   check_optional(w.down_bias, "weights.down_bias", {dtype::bf16, dtype::f32}, {e, h});

@@ -1,7 +1,7 @@
 // Validation of the (values, packed, scales) triple that quantize and dequantize take
 // (include/mxmoe/quantize.h). Every backend calls this before it writes anything; each error
 // names the argument and the shape or dtype it expected. Devices are not checked here: the
-// dispatch (src/dispatch.cpp) and each backend check those.
+// dispatch (src/quantize.cpp) and each backend check those.
 #include <string>
 #include <vector>
 
@@ -39,9 +39,9 @@ void check_u8_contiguous(const tensor_view& v, const std::string& name, const st
 }  // namespace
 
 void validate_mx_tensor(const tensor_view& values, const tensor_view& packed, const tensor_view& scales,
-                        scale_layout layout, const char* values_name) {
-  const std::string vname = values_name;
-  const bool is_input = vname == "x";
+                        scale_layout layout, mx_values role) {
+  const bool is_input = role == mx_values::quantize_input;
+  const std::string vname = is_input ? "x" : "out";
   check_well_formed(values, vname);
   MXMOE_CHECK_ARG(values.rank() >= 2, vname, "a tensor of rank >= 2 [..., rows, K]", describe(values));
   if (is_input) {

@@ -44,10 +44,7 @@ void parallel_for(int64_t n, int threads, const std::function<void(int64_t, int6
   for (auto& th : pool) th.join();
 }
 
-double element(const tensor_view& v, int64_t i) {
-  return v.type == dtype::bf16 ? static_cast<double>(bf16_to_float(v.as<const uint16_t>()[i]))
-                               : static_cast<double>(v.as<const float>()[i]);
-}
+double element(const tensor_view& v, int64_t i) { return static_cast<double>(load_float(v.data, v.type, i)); }
 
 // Reads rows of one expert's weight matrix [N, K] (checkpoint MXFP4 or bf16) as F values.
 template <class F>

@@ -101,19 +101,7 @@ void for_each_chunk(int64_t chunks, int threads, const Fn& fn) {
 }
 
 void load_block(const tensor_view& x, int64_t offset, float* dst) {
-  switch (x.type) {
-    case dtype::bf16: {
-      const uint16_t* p = x.as<const uint16_t>() + offset;
-      for (int i = 0; i < mx::kBlockSize; ++i) dst[i] = bf16_to_float(p[i]);
-      break;
-    }
-    case dtype::f16: {
-      const uint16_t* p = x.as<const uint16_t>() + offset;
-      for (int i = 0; i < mx::kBlockSize; ++i) dst[i] = f16_to_float(p[i]);
-      break;
-    }
-    default: std::copy_n(x.as<const float>() + offset, mx::kBlockSize, dst); break;
-  }
+  for (int i = 0; i < mx::kBlockSize; ++i) dst[i] = load_float(x.data, x.type, offset + i);
 }
 
 void store_block(const float* src, const tensor_view& out, int64_t offset) {
@@ -158,7 +146,7 @@ void zero_tiled_padding(const block_map& map, uint8_t* scales) {
 
 quant_stats quantize(const tensor_view& x, mx::scale_rule rule, scale_layout layout, const tensor_view& packed,
                      const tensor_view& scales, int threads) {
-  validate_mx_tensor(x, packed, scales, layout, "x");
+  validate_mx_tensor(x, packed, scales, layout, mx_values::quantize_input);
   check_on_cpu(x, "x");
   check_on_cpu(packed, "packed");
   check_on_cpu(scales, "scales");
@@ -189,7 +177,7 @@ quant_stats quantize(const tensor_view& x, mx::scale_rule rule, scale_layout lay
 
 void dequantize(const tensor_view& packed, const tensor_view& scales, scale_layout layout, const tensor_view& out,
                 int threads) {
-  validate_mx_tensor(out, packed, scales, layout, "out");
+  validate_mx_tensor(out, packed, scales, layout, mx_values::dequantize_output);
   check_on_cpu(packed, "packed");
   check_on_cpu(scales, "scales");
   check_on_cpu(out, "out");

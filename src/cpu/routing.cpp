@@ -1,5 +1,6 @@
-// CPU routing (BRIEF §4): router logits -> top-k expert ids and weights, and the router GEMM.
-// Everything is computed in float64 and rounded to float32 once, at the end.
+// CPU routing (the kinds of include/mxmoe/moe.h, the models of docs/models.md): router logits ->
+// top-k expert ids and weights, and the router GEMM. Everything is computed in float64 and
+// rounded to float32 once, at the end.
 //
 // Policies, shared with every backend's tests:
 //   * Ties: the lower expert index wins (and the lower group index, for groups).
@@ -26,10 +27,7 @@ namespace {
 
 constexpr int64_t kMaxExperts = 512;
 
-double element(const tensor_view& v, int64_t i) {
-  return v.type == dtype::bf16 ? static_cast<double>(bf16_to_float(v.as<const uint16_t>()[i]))
-                               : static_cast<double>(v.as<const float>()[i]);
-}
+double element(const tensor_view& v, int64_t i) { return static_cast<double>(load_float(v.data, v.type, i)); }
 
 void check_host(const tensor_view& v, const char* name) {
   MXMOE_CHECK_ARG(v.device == device_kind::cpu, name, "a tensor in host (cpu) memory", "a cuda tensor");

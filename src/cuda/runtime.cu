@@ -1,4 +1,4 @@
-// Device discovery and device memory for the sm_90a backend.
+// Device discovery, device memory and the device-tensor check (check.h) of the sm_90a backend.
 #include <cuda_runtime.h>
 
 #include <string>
@@ -73,5 +73,26 @@ void device_buffer::fill(uint8_t byte) {
   if (bytes_) MXMOE_CUDA_CHECK(cudaMemset(ptr_, byte, bytes_));
 }
 void synchronize() { MXMOE_CUDA_CHECK(cudaDeviceSynchronize()); }
+
+int current_device() {
+  int dev = 0;
+  MXMOE_CUDA_CHECK(cudaGetDevice(&dev));
+  return dev;
+}
+
+void check_device_view(const tensor_view& v, const char* name, int device, size_t alignment) {
+  MXMOE_CHECK_ARG(v.device == device_kind::cuda, name, "a cuda tensor (mxmoe::cuda backend)", "a cpu tensor");
+  if (v.numel() == 0) return;
+  cudaPointerAttributes attr{};
+  const cudaError_t err = cudaPointerGetAttributes(&attr, v.data);
+  cudaGetLastError();
+  MXMOE_CHECK_ARG(err == cudaSuccess && (attr.type == cudaMemoryTypeDevice || attr.type == cudaMemoryTypeManaged),
+                  name, "a pointer to device memory", "a host or unknown pointer");
+  MXMOE_CHECK_ARG(attr.device == device, name, "memory on the current device " + std::to_string(device),
+                  "memory on device " + std::to_string(attr.device));
+  const size_t misalign = reinterpret_cast<uintptr_t>(v.data) % alignment;
+  MXMOE_CHECK_ARG(misalign == 0, name, std::to_string(alignment) + "-byte aligned data",
+                  "address % " + std::to_string(alignment) + " = " + std::to_string(misalign));
+}
 
 }  // namespace mxmoe::cuda

@@ -1,5 +1,6 @@
 // MoE layers in safetensors checkpoints: detection by name, shape validation, the gpt-oss
-// MXFP4 names, per-expert conversion of BF16 weights to (rows = outputs, K contiguous) float32.
+// MXFP4 names, per-expert reading of BF16 weights as (rows = outputs, K contiguous) matrices in
+// their own element type.
 #include "mxmoe/checkpoint.h"
 
 #include <algorithm>
@@ -11,28 +12,6 @@
 
 namespace mxmoe::checkpoint {
 namespace {
-
-bool is_float_type(dtype t) { return t == dtype::bf16 || t == dtype::f16 || t == dtype::f32; }
-
-float load_float(const uint8_t* base, dtype t, int64_t i) {
-  switch (t) {
-    case dtype::bf16: {
-      uint16_t h;
-      std::memcpy(&h, base + 2 * i, 2);
-      return bf16_to_float(h);
-    }
-    case dtype::f16: {
-      uint16_t h;
-      std::memcpy(&h, base + 2 * i, 2);
-      return f16_to_float(h);
-    }
-    default: {
-      float f;
-      std::memcpy(&f, base + 4 * i, 4);
-      return f;
-    }
-  }
-}
 
 // The entry `name` with a float type (or exactly `type` when given) and `shape`.
 const safetensors_entry& need(const safetensors_reader& file, const std::string& name, const std::vector<int64_t>& shape,
@@ -319,55 +298,73 @@ moe_weights mxfp4_weights(const safetensors_reader& file, const moe_layer_info& 
   return w;
 }
 
-void read_expert_f32(const safetensors_reader& file, const moe_layer_info& info, int64_t expert, std::vector<float>& w13,
-                     std::vector<float>& w2) {
+namespace {
+// One expert's x·W storage (layout::checkpoint_xw) -> row-major [N, K], `Bytes` per element.
+template <size_t Bytes>
+void transpose_xw(const uint8_t* src, const layout::checkpoint_xw& g, int64_t expert, uint8_t* dst) {
+  for (int64_t k = 0; k < g.cols; ++k)
+    for (int64_t n = 0; n < g.rows; ++n)
+      std::memcpy(dst + (n * g.cols + k) * Bytes, src + g.offset(expert, n, k) * Bytes, Bytes);
+}
+
+void transpose_xw(const uint8_t* src, const layout::checkpoint_xw& g, int64_t expert, int element_bytes, uint8_t* dst) {
+  if (element_bytes == 2) transpose_xw<2>(src, g, expert, dst);
+  else transpose_xw<4>(src, g, expert, dst);
+}
+}  // namespace
+
+layout::checkpoint_xw gate_up_xw_geometry(const moe_shape& s) { return {s.experts, 2 * s.intermediate, s.hidden}; }
+layout::checkpoint_xw down_xw_geometry(const moe_shape& s) { return {s.experts, s.hidden, s.intermediate}; }
+
+expert_weights read_expert(const safetensors_reader& file, const moe_layer_info& info, int64_t expert,
+                           std::vector<uint8_t>& gate_up_buf, std::vector<uint8_t>& down_buf) {
   MXMOE_CHECK_ARG(info.layout != moe_layout::mxfp4_gpt_oss, "checkpoint", "a BF16 layer", "an MXFP4 layer");
   MXMOE_CHECK_ARG(expert >= 0 && expert < info.shape.experts, "expert",
                   "in [0, " + std::to_string(info.shape.experts) + ")", std::to_string(expert));
   const int64_t H = info.shape.hidden, I = info.shape.intermediate;
   const dtype t = info.weight_type;
-  const layout::gate_up_rows rows{I, layout::gate_up_order::interleaved};
-  w13.resize(static_cast<size_t>(2 * I * H));
-  w2.resize(static_cast<size_t>(H * I));
+  const int es = dtype_size(t);
+  gate_up_buf.resize(static_cast<size_t>(2 * I * H * es));
+  down_buf.resize(static_cast<size_t>(H * I * es));
+  const expert_weights w{tensor_view(gate_up_buf.data(), t, {2 * I, H}), tensor_view(down_buf.data(), t, {H, I})};
   if (info.layout == moe_layout::bf16_gpt_oss) {
-    // gate_up_proj[e] is [H, 2I] (x·W form) with interleaved columns: column c is checkpoint row c.
+    // Column c of gate_up_proj[e] is checkpoint row c: the interleaved order is kept as it is.
     const bf16_names n = bf16_gpt_oss_tensor_names(info.prefix);
-    const uint8_t* gu = file.bytes(file.entry(n.gate_up)).data() + expert * H * 2 * I * dtype_size(t);
-    const uint8_t* dn = file.bytes(file.entry(n.down)).data() + expert * I * H * dtype_size(t);
-    for (int64_t h = 0; h < H; ++h)
-      for (int64_t c = 0; c < 2 * I; ++c) w13[static_cast<size_t>(c * H + h)] = load_float(gu, t, h * 2 * I + c);
-    for (int64_t i = 0; i < I; ++i)
-      for (int64_t h = 0; h < H; ++h) w2[static_cast<size_t>(h * I + i)] = load_float(dn, t, i * H + h);
-    return;
+    transpose_xw(file.bytes(file.entry(n.gate_up)).data(), gate_up_xw_geometry(info.shape), expert, es, gate_up_buf.data());
+    transpose_xw(file.bytes(file.entry(n.down)).data(), down_xw_geometry(info.shape), expert, es, down_buf.data());
+    return w;
   }
+  const layout::gate_up_rows rows{I, layout::gate_up_order::interleaved};
   const std::string ep = info.prefix + "experts." + std::to_string(expert) + ".";
   const uint8_t* gate = file.bytes(file.entry(ep + "gate_proj.weight")).data();
   const uint8_t* up = file.bytes(file.entry(ep + "up_proj.weight")).data();
-  const uint8_t* down = file.bytes(file.entry(ep + "down_proj.weight")).data();
+  const size_t row_bytes = static_cast<size_t>(H * es);
   for (int64_t j = 0; j < I; ++j)
-    for (int is_up = 0; is_up < 2; ++is_up) {
-      float* dst = w13.data() + rows.checkpoint_row(j, is_up) * H;
-      const uint8_t* src = is_up ? up : gate;
-      for (int64_t h = 0; h < H; ++h) dst[h] = load_float(src, t, j * H + h);
-    }
-  for (int64_t i = 0; i < H * I; ++i) w2[static_cast<size_t>(i)] = load_float(down, t, i);
+    for (int is_up = 0; is_up < 2; ++is_up)
+      std::memcpy(gate_up_buf.data() + rows.checkpoint_row(j, is_up) * row_bytes, (is_up ? up : gate) + j * row_bytes,
+                  row_bytes);
+  std::memcpy(down_buf.data(), file.bytes(file.entry(ep + "down_proj.weight")).data(), down_buf.size());
+  return w;
 }
 
-moe_weights bf16_weights(const safetensors_reader& file, const moe_layer_info& info, std::vector<uint16_t>& w13,
-                         std::vector<uint16_t>& w2) {
+moe_weights bf16_weights(const safetensors_reader& file, const moe_layer_info& info, std::vector<uint16_t>& gate_up,
+                         std::vector<uint16_t>& down) {
   const int64_t E = info.shape.experts, H = info.shape.hidden, I = info.shape.intermediate;
-  w13.resize(static_cast<size_t>(E * 2 * I * H));
-  w2.resize(static_cast<size_t>(E * H * I));
-  std::vector<float> f13, f2;
+  gate_up.resize(static_cast<size_t>(E * 2 * I * H));
+  down.resize(static_cast<size_t>(E * H * I));
+  std::vector<uint8_t> gu_buf, dn_buf;
+  const auto to_bf16 = [](const tensor_view& v, uint16_t* dst) {
+    for (int64_t i = 0; i < v.numel(); ++i) dst[i] = float_to_bf16(load_float(v.data, v.type, i));
+  };
   for (int64_t e = 0; e < E; ++e) {
-    read_expert_f32(file, info, e, f13, f2);
-    std::transform(f13.begin(), f13.end(), w13.begin() + e * 2 * I * H, float_to_bf16);
-    std::transform(f2.begin(), f2.end(), w2.begin() + e * H * I, float_to_bf16);
+    const expert_weights x = read_expert(file, info, e, gu_buf, dn_buf);
+    to_bf16(x.gate_up, gate_up.data() + e * 2 * I * H);
+    to_bf16(x.down, down.data() + e * H * I);
   }
   moe_weights w;
   w.format = weight_format::bf16;
-  w.gate_up = tensor_view(w13.data(), dtype::bf16, {E, 2 * I, H});
-  w.down = tensor_view(w2.data(), dtype::bf16, {E, H, I});
+  w.gate_up = tensor_view(gate_up.data(), dtype::bf16, {E, 2 * I, H});
+  w.down = tensor_view(down.data(), dtype::bf16, {E, H, I});
   attach_layer_tensors(file, info, w);
   return w;
 }

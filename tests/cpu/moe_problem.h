@@ -1,6 +1,6 @@
-// Random MoE problems for the CPU MoE tests: MXFP4 checkpoint-layout weights with their float
-// values (decoded with mx::dequantize_value at layout::checkpoint_mxfp4 offsets, never by hand),
-// optional biases, inputs and precomputed routing. Sizes are runtime arguments.
+// Random MoE problems for the CPU MoE tests: MXFP4 checkpoint-layout weights (synthetic.h) with
+// their float values (decoded with mx::dequantize_value at layout::checkpoint_mxfp4 offsets, never
+// by hand), optional f32 biases, inputs and precomputed routing. Sizes are runtime arguments.
 #pragma once
 
 #include <algorithm>
@@ -11,6 +11,7 @@
 #include "mxmoe/layout.h"
 #include "mxmoe/moe.h"
 #include "mxmoe/mx.h"
+#include "mxmoe/synthetic.h"
 
 namespace mxmoe::test {
 
@@ -82,17 +83,14 @@ inline moe_problem make_problem(int64_t experts, int64_t hidden, int64_t inter, 
   p.cfg.activation.kind = act;
   p.cfg.gate_up = order;
   p.tokens = tokens;
+  // The expert weights from the one synthetic-layer generator; f32 biases, inputs and routing here.
+  synthetic::mxfp4_layer layer = synthetic::make_layer(p.cfg, {}, seed);
+  p.gate_up_blocks = std::move(layer.gate_up_blocks);
+  p.gate_up_scales = std::move(layer.gate_up_scales);
+  p.down_blocks = std::move(layer.down_blocks);
+  p.down_scales = std::move(layer.down_scales);
   std::mt19937 rng(seed);
-  std::uniform_int_distribution<int> byte(0, 255), scale(120, 125);
   std::normal_distribution<float> normal;
-  const auto fill = [&](std::vector<uint8_t>& v, size_t n, auto& dist) {
-    v.resize(n);
-    for (auto& b : v) b = static_cast<uint8_t>(dist(rng));
-  };
-  fill(p.gate_up_blocks, static_cast<size_t>(p.w13_layout().block_bytes()), byte);
-  fill(p.gate_up_scales, static_cast<size_t>(p.w13_layout().scale_bytes()), scale);
-  fill(p.down_blocks, static_cast<size_t>(p.w2_layout().block_bytes()), byte);
-  fill(p.down_scales, static_cast<size_t>(p.w2_layout().scale_bytes()), scale);
   if (biases) {
     p.gate_up_bias.resize(static_cast<size_t>(experts * 2 * inter));
     p.down_bias.resize(static_cast<size_t>(experts * hidden));

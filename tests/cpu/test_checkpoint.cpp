@@ -33,6 +33,12 @@ logical_layer random_layer(int64_t E, int64_t H, int64_t I, uint64_t seed) {
   return l;
 }
 
+std::vector<float> floats(const tensor_view& v) {
+  std::vector<float> f(static_cast<size_t>(v.numel()));
+  for (size_t i = 0; i < f.size(); ++i) f[i] = load_float(v.data, v.type, static_cast<int64_t>(i));
+  return f;
+}
+
 fs::path fresh_dir(const std::string& name) {
   const fs::path d = fs::temp_directory_path() / ("mxmoe-test-ckpt-" + name + "-" + std::to_string(::getpid()));
   fs::remove_all(d);
@@ -40,16 +46,20 @@ fs::path fresh_dir(const std::string& name) {
   return d;
 }
 
-// gpt-oss BF16: gate_up_proj [E, H, 2I], column 2j = gate j, 2j+1 = up j; down_proj [E, I, H].
+// gpt-oss BF16: gate_up_proj [E, H, 2I] (layout::checkpoint_xw; column 2j = gate j, 2j+1 = up j,
+// layout::gate_up_rows interleaved); down_proj [E, I, H].
 std::string write_gpt_oss_bf16(const fs::path& d, const logical_layer& l, int layer) {
   const int64_t E = l.E, H = l.H, I = l.I;
-  std::vector<uint16_t> gu(static_cast<size_t>(E * H * 2 * I)), dn(static_cast<size_t>(E * I * H));
+  const moe_shape s{E, H, I};
+  const layout::checkpoint_xw gxw = checkpoint::gate_up_xw_geometry(s), dxw = checkpoint::down_xw_geometry(s);
+  const layout::gate_up_rows rows{I, layout::gate_up_order::interleaved};
+  std::vector<uint16_t> gu(static_cast<size_t>(gxw.size())), dn(static_cast<size_t>(dxw.size()));
   for (int64_t e = 0; e < E; ++e)
     for (int64_t h = 0; h < H; ++h)
       for (int64_t j = 0; j < I; ++j) {
-        gu[static_cast<size_t>((e * H + h) * 2 * I + 2 * j)] = float_to_bf16(l.gate[static_cast<size_t>((e * I + j) * H + h)]);
-        gu[static_cast<size_t>((e * H + h) * 2 * I + 2 * j + 1)] = float_to_bf16(l.up[static_cast<size_t>((e * I + j) * H + h)]);
-        dn[static_cast<size_t>((e * I + j) * H + h)] = float_to_bf16(l.down[static_cast<size_t>((e * H + h) * I + j)]);
+        gu[static_cast<size_t>(gxw.offset(e, rows.checkpoint_row(j, 0), h))] = float_to_bf16(l.gate[static_cast<size_t>((e * I + j) * H + h)]);
+        gu[static_cast<size_t>(gxw.offset(e, rows.checkpoint_row(j, 1), h))] = float_to_bf16(l.up[static_cast<size_t>((e * I + j) * H + h)]);
+        dn[static_cast<size_t>(dxw.offset(e, h, j))] = float_to_bf16(l.down[static_cast<size_t>((e * H + h) * I + j)]);
       }
   std::vector<float> router(static_cast<size_t>(E * H), 0.5f), bias(static_cast<size_t>(E * 2 * I), 0.25f);
   const std::string p = "model.layers." + std::to_string(layer) + ".mlp.";
@@ -107,10 +117,16 @@ TEST(Checkpoint, BothBf16LayoutsReadToTheSameInterleavedExpert) {
   EXPECT_EQ(lb[0].expert_tensors.size(), 9u);
 
   const layout::gate_up_rows rows{l.I, layout::gate_up_order::interleaved};
-  std::vector<float> a13, a2, b13, b2;
+  std::vector<uint8_t> abuf13, abuf2, bbuf13, bbuf2;
   for (int64_t e = 0; e < l.E; ++e) {
-    checkpoint::read_expert_f32(a, la[0], e, a13, a2);
-    checkpoint::read_expert_f32(b, lb[0], e, b13, b2);
+    const checkpoint::expert_weights ea = checkpoint::read_expert(a, la[0], e, abuf13, abuf2);
+    const checkpoint::expert_weights eb = checkpoint::read_expert(b, lb[0], e, bbuf13, bbuf2);
+    // Each in its file's element type, nothing widened.
+    EXPECT_EQ(ea.gate_up.type, dtype::bf16);
+    EXPECT_EQ(eb.gate_up.type, dtype::f32);
+    EXPECT_EQ(ea.gate_up.shape, (std::vector<int64_t>{2 * l.I, l.H}));
+    EXPECT_EQ(eb.down.shape, (std::vector<int64_t>{l.H, l.I}));
+    const std::vector<float> a13 = floats(ea.gate_up), a2 = floats(ea.down), b13 = floats(eb.gate_up), b2 = floats(eb.down);
     EXPECT_EQ(a13, b13);
     EXPECT_EQ(a2, b2);
     // Rows are outputs: gate j and up j where gate_up_rows puts them; W2 is [H, I].
@@ -121,7 +137,7 @@ TEST(Checkpoint, BothBf16LayoutsReadToTheSameInterleavedExpert) {
         EXPECT_EQ(a2[static_cast<size_t>(h * l.I + j)], l.down[static_cast<size_t>((e * l.H + h) * l.I + j)]);
       }
   }
-  EXPECT_THROW(checkpoint::read_expert_f32(a, la[0], 3, a13, a2), invalid_argument);
+  EXPECT_THROW(checkpoint::read_expert(a, la[0], 3, abuf13, abuf2), invalid_argument);
 
   std::vector<uint16_t> w13, w2;
   const moe_weights w = checkpoint::bf16_weights(b, lb[0], w13, w2);

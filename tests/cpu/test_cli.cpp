@@ -107,11 +107,11 @@ TEST_F(Cli, QuantizeInspectDequantizeRoundTrip) {
     EXPECT_EQ(qr.metadata().at("mxmoe.scale_rule"), "even");
     // The bytes equal a direct quantization of the expert with the library.
     const safetensors_reader src(in);
-    std::vector<float> w13, w2;
-    checkpoint::read_expert_f32(src, checkpoint::find_moe_layer(src, 0), 3, w13, w2);
+    std::vector<uint8_t> gate_up_buf, down_buf;
+    const auto expert = checkpoint::read_expert(src, checkpoint::find_moe_layer(src, 0), 3, gate_up_buf, down_buf);
     const auto g = checkpoint::gate_up_geometry(info.shape);
     std::vector<uint8_t> packed(static_cast<size_t>(g.rows * g.row_bytes())), scales(static_cast<size_t>(g.rows * g.scale_cols()));
-    mxmoe::quantize(tensor_view(w13.data(), dtype::f32, {g.rows, g.cols}), mx::scale_rule::even, scale_layout::linear,
+    mxmoe::quantize(expert.gate_up, mx::scale_rule::even, scale_layout::linear,
                     tensor_view(packed.data(), dtype::u8, {g.rows, g.row_bytes()}),
                     tensor_view(scales.data(), dtype::u8, {g.rows, g.scale_cols()}));
     const uint8_t* fb = qr.bytes(qr.entry("model.layers.0.mlp.experts.gate_up_proj_blocks")).data() + g.code_offset(3, 0, 0).byte;

@@ -1,10 +1,12 @@
 // Tests of include/mxmoe/layout.h: for every layout, on odd shapes, the inverse undoes every
 // offset and the map is a bijection onto its storage (each slot hit once; padding slots are
 // exactly those whose inverse returns false). A few offsets are pinned as literal numbers worked
-// out by hand from BRIEF §3 and the PTX mma.m16n8k16 A-fragment description, so that a change of
-// formula fails here even if it stays self-consistent.
+// out by hand from the layouts' public descriptions (docs/formats.md: the gpt-oss checkpoint, the
+// cuBLAS / CUTLASS 128x4 scale layout) and the PTX mma.m16n8k16 A-fragment description, so that a
+// change of formula fails here even if it stays self-consistent.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstdint>
 #include <random>
 #include <vector>
@@ -177,6 +179,39 @@ TEST(CheckpointMxfp4, PinnedOffsets) {
   EXPECT_EQ(c.scale_offset(1, 2, 1), 11);
 }
 
+// ---- checkpoint_xw ----------------------------------------------------------------------------
+
+TEST(CheckpointXw, BijectionAndInverse) {
+  for (int64_t rows : kRows)
+    for (int64_t cols : kCols) {
+      SCOPED_TRACE(testing::Message() << "rows " << rows << " K " << cols);
+      const layout::checkpoint_xw c{3, rows, cols};
+      ASSERT_EQ(c.size(), 3 * rows * cols);
+      slot_tracker slots(c.size());
+      for (int64_t e = 0; e < 3; ++e)
+        for (int64_t n = 0; n < rows; ++n)
+          for (int64_t k = 0; k < cols; ++k) {
+            const int64_t off = c.offset(e, n, k);
+            ASSERT_TRUE(slots.hit(off));
+            int64_t e2 = -1, n2 = -1, k2 = -1;
+            c.coord(off, &e2, &n2, &k2);
+            ASSERT_EQ(e2, e);
+            ASSERT_EQ(n2, n);
+            ASSERT_EQ(k2, k);
+          }
+      for (int64_t s = 0; s < slots.slots(); ++s) ASSERT_TRUE(slots.was_hit(s));
+    }
+}
+
+TEST(CheckpointXw, PinnedOffsets) {
+  // gpt-oss gate_up_proj [E, H, 2I] with E = 2, H = 3 (K), 2I = 4 (N): W[n][k] is x·W's [k][n].
+  const layout::checkpoint_xw c{2, 4, 3};
+  EXPECT_EQ(c.offset(0, 0, 0), 0);
+  EXPECT_EQ(c.offset(0, 1, 0), 1);   // the next output is the next element of a row of x·W
+  EXPECT_EQ(c.offset(0, 0, 1), 4);   // the next input is the next row: N elements on
+  EXPECT_EQ(c.offset(1, 3, 2), 23);  // (1*3 + 2)*4 + 3
+}
+
 // ---- sm90_fragment --------------------------------------------------------------------------
 
 TEST(Sm90Fragment, CodeBijectionAndInverse) {
@@ -185,11 +220,13 @@ TEST(Sm90Fragment, CodeBijectionAndInverse) {
       SCOPED_TRACE(testing::Message() << "rows " << rows << " K " << cols);
       const layout::sm90_fragment f{rows, cols};
       ASSERT_EQ(f.weight_bytes(), layout::ceil_div(rows, 16) * layout::ceil_div(cols, 64) * 512);
-      slot_tracker slots(f.weight_bytes() * 2);
+      ASSERT_EQ(f.weight_words() * 4, f.weight_bytes());
+      slot_tracker slots(f.weight_words() * 8);
       for (int64_t n = 0; n < rows; ++n)
         for (int64_t k = 0; k < cols; ++k) {
-          const layout::nibble_pos p = f.code_offset(n, k);
-          ASSERT_TRUE(slots.hit(p.byte * 2 + p.high)) << n << "," << k;
+          const layout::sm90_fragment::code_slot p = f.code_offset(n, k);
+          ASSERT_TRUE(p.slot >= 0 && p.slot < 8) << n << "," << k;
+          ASSERT_TRUE(slots.hit(p.word * 8 + p.slot)) << n << "," << k;
           int64_t n2 = -1, k2 = -1;
           ASSERT_TRUE(f.code_coord(p, &n2, &k2));
           ASSERT_EQ(n2, n);
@@ -197,14 +234,14 @@ TEST(Sm90Fragment, CodeBijectionAndInverse) {
         }
       for (int64_t s = 0; s < slots.slots(); ++s) {
         int64_t n = -1, k = -1;
-        const layout::nibble_pos p{s / 2, static_cast<int>(s % 2)};
+        const layout::sm90_fragment::code_slot p{s / 8, static_cast<int>(s % 8)};
         const bool data = f.code_coord(p, &n, &k);
         ASSERT_EQ(data, slots.was_hit(s)) << "slot " << s;
         if (!data) {  // padding: inside the padded tile grid, and maps back to this slot
           ASSERT_TRUE(n >= rows || k >= cols);
-          const layout::nibble_pos back = f.code_offset(n, k);
-          ASSERT_EQ(back.byte, p.byte);
-          ASSERT_EQ(back.high, p.high);
+          const layout::sm90_fragment::code_slot back = f.code_offset(n, k);
+          ASSERT_EQ(back.word, p.word);
+          ASSERT_EQ(back.slot, p.slot);
         }
       }
     }
@@ -223,25 +260,25 @@ TEST(Sm90Fragment, ScaleBijectionAndInverse) {
 
 // The PTX ISA's mma.m16n8k16 A fragment (bf16): lane L, g = L/4, t = L%4 holds four .b32
 // registers a0 = A[g][2t..2t+1], a1 = A[g+8][2t..2t+1], a2 = A[g][2t+8..2t+9],
-// a3 = A[g+8][2t+8..2t+9]. layout.h stores lane L's k16 step j as the u32 word at tile byte
-// 16L + 4j with register r's two elements in nibbles r and r+4.
+// a3 = A[g+8][2t+8..2t+9]. layout.h stores lane L's k16 step j as the fragment word 4L + j of
+// its tile with register r's two elements in slots r and r+4.
 TEST(Sm90Fragment, MatchesTheMmaAFragment) {
   const layout::sm90_fragment f{32, 128};  // 2 x 2 tiles
   // Literal positions, worked by hand:
   // (n 9, k 19): tile 0; row 9 = g 1 + 8 -> a1 or a3; k 19 = step 1, column 3 = 2t+1 with t = 1
-  // -> a1, second element -> nibble 1 + 4 = 5 -> byte 2 high; lane 1*4 + 1 = 5 -> 5*16 + 1*4 + 2 = 86
-  EXPECT_EQ(f.code_offset(9, 19).byte, 86);
-  EXPECT_EQ(f.code_offset(9, 19).high, 1);
-  // (n 20, k 75): tile (1, 1) = 3 -> 1536; row 4 = g 4; k 11 in step 0 = 2t+8+1 with t = 1 -> a2,
-  // second element -> nibble 6 -> byte 3 low; lane 17 -> 1536 + 272 + 0 + 3 = 1811
-  EXPECT_EQ(f.code_offset(20, 75).byte, 1811);
-  EXPECT_EQ(f.code_offset(20, 75).high, 0);
-  // (n 0, k 0): lane 0, a0 first element -> byte 0 low
-  EXPECT_EQ(f.code_offset(0, 0).byte, 0);
-  EXPECT_EQ(f.code_offset(0, 0).high, 0);
-  // (n 15, k 63): tile 0, g 7 t 3 -> lane 31, step 3, a3 second element (nibble 7) -> 496 + 12 + 3
-  EXPECT_EQ(f.code_offset(15, 63).byte, 511);
-  EXPECT_EQ(f.code_offset(15, 63).high, 1);
+  // -> a1, second element -> slot 1 + 4 = 5; lane 1*4 + 1 = 5 -> word 5*4 + 1 = 21
+  EXPECT_EQ(f.code_offset(9, 19).word, 21);
+  EXPECT_EQ(f.code_offset(9, 19).slot, 5);
+  // (n 20, k 75): tile (1, 1) = 3 -> word 384; row 4 = g 4; k 11 in step 0 = 2t+8+1 with t = 1
+  // -> a2, second element -> slot 6; lane 17 -> 384 + 68 + 0 = 452
+  EXPECT_EQ(f.code_offset(20, 75).word, 452);
+  EXPECT_EQ(f.code_offset(20, 75).slot, 6);
+  // (n 0, k 0): lane 0, a0 first element -> word 0, slot 0
+  EXPECT_EQ(f.code_offset(0, 0).word, 0);
+  EXPECT_EQ(f.code_offset(0, 0).slot, 0);
+  // (n 15, k 63): tile 0, g 7 t 3 -> lane 31, step 3, a3 second element (slot 7) -> word 127
+  EXPECT_EQ(f.code_offset(15, 63).word, 127);
+  EXPECT_EQ(f.code_offset(15, 63).slot, 7);
 
   // Every position of a tile, from the fragment description.
   for (int lane = 0; lane < 32; ++lane)
@@ -250,10 +287,9 @@ TEST(Sm90Fragment, MatchesTheMmaAFragment) {
         for (int half = 0; half < 2; ++half) {
           const int g = lane / 4, t = lane % 4;
           const int64_t row = g + 8 * (reg % 2), col = 16 * step + 2 * t + 8 * (reg / 2) + half;
-          const int nibble = reg + 4 * half;
-          const layout::nibble_pos p = f.code_offset(16 + row, 64 + col);  // tile 3
-          EXPECT_EQ(p.byte, 3 * 512 + 16 * lane + 4 * step + nibble / 2) << lane << " " << step << " " << reg;
-          EXPECT_EQ(p.high, nibble % 2);
+          const layout::sm90_fragment::code_slot p = f.code_offset(16 + row, 64 + col);  // tile 3
+          EXPECT_EQ(p.word, 3 * 128 + 4 * lane + step) << lane << " " << step << " " << reg;
+          EXPECT_EQ(p.slot, reg + 4 * half);
         }
   // Scales: lane L reads the u32 at tile byte 4g = bytes (g, kb0), (g+8, kb0), (g, kb1), (g+8, kb1).
   // (n 9, kb 3): tile 1 -> 32; g 1 -> 4; (g+8, kb1) is byte 3 -> 39
@@ -262,37 +298,52 @@ TEST(Sm90Fragment, MatchesTheMmaAFragment) {
     for (int i = 0; i < 4; ++i) EXPECT_EQ(f.scale_offset(16 + g + 8 * (i % 2), 2 + i / 2), 3 * 32 + 4 * g + i);
 }
 
-// End to end with the kernels' conversion: codes placed with code_offset, read back per lane and
-// register with mx::e2m1x2_to_bf16x2_pow2m126, give A[row][col] (low) and A[row][col+1] (high).
+// End to end with the kernels' conversion: codes placed with code_offset and packed into fragment
+// words (mx::fragment_word_pack), read back per lane and register with
+// mx::fragment_bf16x2_pow2m126 and scaled, give mx::dequantize_value of W[row][col] (low half)
+// and W[row][col+1] (high half) for every code and scale byte of a matrix with partial row and
+// column tiles; padding slots hold code 0.
 TEST(Sm90Fragment, FastConversionReadsTheFragment) {
-  const int64_t rows = 40, cols = 160;  // partial row and column tiles
+  const int64_t rows = 40, cols = 160;
   const layout::sm90_fragment f{rows, cols};
   std::mt19937 gen(2);
-  std::vector<uint8_t> codes(static_cast<size_t>(rows * cols));
-  std::vector<uint8_t> storage(static_cast<size_t>(f.weight_bytes()), 0);
-  for (int64_t n = 0; n < rows; ++n)
-    for (int64_t k = 0; k < cols; ++k) {
-      const uint8_t c = static_cast<uint8_t>(gen() & 0xF);
-      codes[static_cast<size_t>(n * cols + k)] = c;
-      const layout::nibble_pos p = f.code_offset(n, k);
-      storage[static_cast<size_t>(p.byte)] |= static_cast<uint8_t>(c << (4 * p.high));
+  std::vector<uint8_t> codes(static_cast<size_t>(rows * cols)), scales(static_cast<size_t>(rows * cols / 32));
+  for (auto& c : codes) c = static_cast<uint8_t>(gen() & 0xF);
+  for (auto& s : scales) s = static_cast<uint8_t>(gen() % 255);  // every finite scale byte
+  // Pack the storage word by word from the inverse map, as the repack kernel does.
+  std::vector<uint32_t> words(static_cast<size_t>(f.weight_words()));
+  for (int64_t w = 0; w < f.weight_words(); ++w) {
+    uint8_t slot_codes[8];
+    for (int s = 0; s < 8; ++s) {
+      int64_t n, k;
+      slot_codes[s] = f.code_coord({w, s}, &n, &k) ? codes[static_cast<size_t>(n * cols + k)] : 0;
     }
+    words[static_cast<size_t>(w)] = mx::fragment_word_pack(slot_codes);
+  }
+  const float pow2_126 = mxmoe::bf16_to_float(mx::kBf16Pow2_126);
   for (int64_t tile = 0; tile < f.row_tiles() * f.col_tiles(); ++tile)
     for (int lane = 0; lane < 32; ++lane)
       for (int step = 0; step < 4; ++step) {
-        const size_t at = static_cast<size_t>(tile * 512 + 16 * lane + 4 * step);
-        const uint32_t word = storage[at] | (storage[at + 1] << 8) | (storage[at + 2] << 16) |
-                              (static_cast<uint32_t>(storage[at + 3]) << 24);
+        const uint32_t word = words[static_cast<size_t>(tile * 128 + 4 * lane + step)];
         for (int reg = 0; reg < 4; ++reg) {
-          const uint32_t pair = mx::e2m1x2_to_bf16x2_pow2m126(word, 4 * reg);
+          const uint32_t pair = mx::fragment_bf16x2_pow2m126(word, reg);
           const int64_t row = (tile / f.col_tiles()) * 16 + lane / 4 + 8 * (reg % 2);
           const int64_t col = (tile % f.col_tiles()) * 64 + 16 * step + 2 * (lane % 4) + 8 * (reg / 2);
           for (int half = 0; half < 2; ++half) {
-            if (row >= rows || col + half >= cols) continue;
+            const uint16_t h = static_cast<uint16_t>(pair >> (16 * half));
+            if (row >= rows || col + half >= cols) {
+              ASSERT_EQ(h, 0u) << "padding at " << row << "," << col + half;
+              continue;
+            }
             const uint8_t c = codes[static_cast<size_t>(row * cols + col + half)];
-            const float got = mxmoe::bf16_to_float(static_cast<uint16_t>(pair >> (16 * half))) *
-                              mxmoe::bf16_to_float(mx::kBf16Pow2_126);
-            ASSERT_EQ(got, mx::e2m1_to_float(c)) << row << "," << col + half;
+            const uint8_t s = scales[static_cast<size_t>((row * cols + col + half) / 32)];
+            const float got = mxmoe::bf16_to_float(h) * pow2_126 * mxmoe::bf16_to_float(mx::e8m0_to_bf16_bits(s));
+            const float want = mx::dequantize_value(c, s);
+            if (std::isinf(want)) {
+              ASSERT_EQ(got, want) << row << "," << col + half;
+            } else {
+              ASSERT_EQ(mx::float_bits(got), mx::float_bits(want)) << row << "," << col + half << " scale " << int(s);
+            }
           }
         }
       }

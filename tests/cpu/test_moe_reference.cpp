@@ -1,5 +1,5 @@
 // cpu::moe_forward against a plain float64 loop over the dequantized weights (a re-statement of
-// the math of BRIEF §4, not of any layout), and its invariances: MXFP4 == BF16 on the same
+// the math of include/mxmoe/moe.h and docs/models.md, not of any layout), and its invariances: MXFP4 == BF16 on the same
 // values, gate/up order, routing sources, thread count, precision.
 #include <gtest/gtest.h>
 

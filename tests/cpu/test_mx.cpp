@@ -2,8 +2,9 @@
 // encode/decode (exhaustive over bf16 against a brute-force nearest-value oracle), packing,
 // E8M0 decode and the round-up cast, the four scale rules at their boundaries and on random
 // blocks (saturation rates, SQNR, mse optimality), the kernels' fast E2M1->bf16 conversion.
-// Expected values are literals from BRIEF §2 / the OCP MX spec, or plain brute-force oracles
-// written here (nearest grid value, smallest byte by exhaustive search, double-precision math).
+// Expected values are literals from the OCP MX spec and the published test vectors collected in
+// docs/formats.md, or plain brute-force oracles written here (nearest grid value, smallest byte by
+// exhaustive search, double-precision math).
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -101,7 +102,7 @@ TEST(E2M1, TiesGoToTheEvenCode) {
 }
 
 TEST(E2M1, PublishedVector) {
-  // auto-round's published vector (BRIEF §2).
+  // auto-round's published vector (docs/formats.md, Test vectors).
   const float in[] = {0.0f, 0.25f, 0.4f, 0.75f, 1.25f, 1.4f, 1.75f, 2.5f, 2.9f, 3.5f, 5.0f, 5.1f};
   const float want[] = {0.0f, 0.0f, 0.5f, 1.0f, 1.0f, 1.5f, 2.0f, 2.0f, 3.0f, 4.0f, 4.0f, 6.0f};
   for (size_t i = 0; i < std::size(in); ++i)
@@ -167,7 +168,7 @@ TEST(E8M0, DecodesEveryByte) {
 }
 
 TEST(E8M0, RoundUpCastTable) {
-  // torchao RCEIL cases (BRIEF §2): input bits -> byte.
+  // torchao RCEIL cases (docs/formats.md, Test vectors): input bits -> byte.
   const std::pair<uint32_t, int> table[] = {
       {0x0u, 0},          {0x1u, 0},          {0x00400000u, 0},   {0x00400001u, 1},   {0x007FFFFFu, 1},
       {0x00800000u, 1},   {0x1F800000u, 63},  {0x1F800001u, 64},  {0x3F7FFFFFu, 127}, {0x3F800000u, 127},
@@ -207,7 +208,7 @@ TEST(E8M0, DequantizeValue) {
     }
 }
 
-// ---- scale rules: the worked block of BRIEF §2 --------------------------------------------
+// ---- scale rules: the worked block of docs/formats.md ---------------------------------------
 
 struct worked_case {
   scale_rule rule;
@@ -245,7 +246,7 @@ TEST(ScaleRules, WorkedBlock) {
 
 // ---- scale rules: boundaries --------------------------------------------------------------
 
-// Expected bytes from the rule definitions (BRIEF §2 table), clamped to [0, 254].
+// Expected bytes from the rule definitions (docs/formats.md, Scale rules), clamped to [0, 254].
 int floor_expected(uint32_t e, uint32_t) { return std::clamp(static_cast<int>(e) - 2, 0, 254); }
 int even_expected(uint32_t e, uint32_t m) {
   // mantissa >= 1.75 rounds the exponent up (0.75 round-up of the mantissa fraction)
@@ -368,7 +369,7 @@ TEST(ScaleRules, NanOrInfAnywhereMakesTheBlockNan) {
 // ---- scale rules: statistics on random blocks ---------------------------------------------
 
 // Blocks of log-uniform elements sign * 2^U(-20, 20) plus a per-block offset 2^U(-20, 20). The
-// theoretical fractions of BRIEF §2 assume log2(amax) mod 1 is uniform; the offset, uniform over
+// theoretical fractions of docs/formats.md assume log2(amax) mod 1 is uniform; the offset, uniform over
 // a whole number of binades and independent of the elements, makes that exact (the max of 32
 // log-uniform elements alone is not uniform mod 1 and saturates floor ~51% of the time).
 // Saturation depends on the amax mantissa m only: floor saturates iff m > 1.5 (p = 1 - log2 1.5),
@@ -419,10 +420,10 @@ void fill_block(dist d, std::mt19937_64& gen, float* x) {
 
 // Aggregate SQNR (sum x^2 / sum err^2) over blocks with a per-block scale 2^U(0, 1), i.e. a
 // log-uniform block magnitude over one binade, so the result does not depend on where a fixed
-// sigma happens to fall within a binade. BRIEF §2's figures come from a separate Python
+// sigma happens to fall within a binade. docs/formats.md's reference figures come from a separate Python
 // simulation quoted to 0.01 dB; with 100k blocks our own sampling sd is ~0.005 dB, and
 // 0.05 dB covers both.
-TEST(ScaleRules, SqnrOnGaussianAndLaplaceBlocksMatchesBrief) {
+TEST(ScaleRules, SqnrOnGaussianAndLaplaceBlocksMatchesIndependentSimulation) {
   const int n = 100000;
   struct expectation {
     dist d;
@@ -481,13 +482,116 @@ TEST(ScaleRules, MseIsNeverWorseThanAnyOtherRule) {
   for (int r = 0; r < 3; ++r) EXPECT_GT(beats[r], 1000) << mx::to_string(others[r]);
 }
 
-// ---- the kernels' fast E2M1 -> bf16 conversion -----------------------------------------------
+// Every block a rule quantizes (ordinary scale: not NaN, not clamped to 0 or 254, not all zero)
+// has a largest |code| of at least min_block_max_code(rule), and blocks reaching exactly that
+// minimum exist: amax / scale = 4.0 for floor and even, 3.25 for rceil (rounds to 3), and an
+// all-equal power-of-two block for mse (floor and floor + 1 both exact; the tie goes to the larger
+// byte, leaving the amax at code 4 = 2.0).
+TEST(ScaleRules, LargestCodeWindowOfEachRule) {
+  std::mt19937_64 gen(41);
+  std::uniform_real_distribution<double> log_scale(-100.0, 100.0);
+  const auto largest_code = [](const float* x, scale_rule rule, uint8_t* scale) {
+    uint8_t packed[mx::kPackedBlockBytes];
+    mx::quantize_block(x, rule, scale, packed);
+    int m = 0;
+    for (int i = 0; i < mx::kBlockSize; ++i) m = std::max(m, mx::unpack_e2m1(packed[i / 2], i) & 7);
+    return m;
+  };
+  for (scale_rule rule : mx::kAllScaleRules) {
+    SCOPED_TRACE(mx::to_string(rule));
+    const int minimum = mx::min_block_max_code(rule);
+    int reached = 8;
+    for (dist d : {dist::gaussian, dist::laplace, dist::uniform, dist::outliers})
+      for (int b = 0; b < 5000; ++b) {
+        float x[mx::kBlockSize];
+        fill_block(d, gen, x);
+        const float s = static_cast<float>(std::exp2(log_scale(gen)));
+        for (float& v : x) v *= s;
+        uint8_t scale;
+        const int m = largest_code(x, rule, &scale);
+        if (scale == 0 || scale >= 254 || m == 0) continue;
+        ASSERT_GE(m, minimum) << "block " << b;
+        reached = std::min(reached, m);
+      }
+    const float edge = rule == scale_rule::rceil ? 3.25f : (rule == scale_rule::mse ? 1.0f : 4.0f);
+    float x[mx::kBlockSize];
+    std::fill(x, x + mx::kBlockSize, edge);
+    uint8_t scale;
+    reached = std::min(reached, largest_code(x, rule, &scale));
+    EXPECT_EQ(reached, minimum);
+  }
+}
 
-// For every code, nibble position and scale byte 0..254: bf16(conv) * 2^126 * bf16(scale), in
-// float, equals mx::dequantize_value bit for bit. The two products are exact except when the
-// value exceeds the float (and bf16) range — e2m1 >= 2 at scale 254, >= 4 at 253 — where both
-// sides are Inf; every finite result is also exactly representable in bf16 (2 significant bits,
-// exponent >= -128 > bf16's subnormal floor).
+// ---- the sm90 fragment word and the kernels' fast E2M1 -> bf16 conversion -------------------
+
+// A fragment word with `code` in `slot` and random codes elsewhere.
+uint32_t word_with(uint8_t code, int slot, std::mt19937& gen) {
+  uint8_t codes[8];
+  for (auto& c : codes) c = static_cast<uint8_t>(gen() & 0xF);
+  codes[slot] = code;
+  return mx::fragment_word_pack(codes);
+}
+
+// The bf16 the conversion must give a code: sign at bit 15, magnitude bits at 8..6.
+uint16_t bf16_pow2m126_of(uint8_t code) {
+  return static_cast<uint16_t>(((code & 8u) << 12) | ((code & 7u) << 6));
+}
+
+TEST(FragmentWord, BitPlacementIsAPermutationOfTheWord) {
+  uint64_t seen = 0;
+  for (int slot = 0; slot < 8; ++slot)
+    for (int b = 0; b < 4; ++b) {
+      const int bit = mx::fragment_bit(slot, b);
+      ASSERT_TRUE(bit >= 0 && bit < 32) << slot << " " << b;
+      ASSERT_FALSE((seen >> bit) & 1u) << "bit " << bit << " used twice";
+      seen |= uint64_t{1} << bit;
+    }
+  EXPECT_EQ(seen, 0xFFFFFFFFull);
+}
+
+// Every pair of slots with every pair of codes (the other slots random): packing then reading
+// back gives the codes; and every word read then packed gives the word back.
+TEST(FragmentWord, PackAndReadBackRoundTrip) {
+  std::mt19937 gen(17);
+  for (int s1 = 0; s1 < 8; ++s1)
+    for (int s2 = s1 + 1; s2 < 8; ++s2)
+      for (int c1 = 0; c1 < 16; ++c1)
+        for (int c2 = 0; c2 < 16; ++c2) {
+          uint8_t codes[8];
+          for (auto& c : codes) c = static_cast<uint8_t>(gen() & 0xF);
+          codes[s1] = static_cast<uint8_t>(c1);
+          codes[s2] = static_cast<uint8_t>(c2);
+          const uint32_t w = mx::fragment_word_pack(codes);
+          for (int s = 0; s < 8; ++s) ASSERT_EQ(mx::fragment_word_code(w, s), codes[s]) << s1 << s2 << " slot " << s;
+        }
+  for (int i = 0; i < 200000; ++i) {
+    const uint32_t w = i < 32 ? 1u << i : static_cast<uint32_t>(gen());
+    uint8_t codes[8];
+    for (int s = 0; s < 8; ++s) codes[s] = mx::fragment_word_code(w, s);
+    ASSERT_EQ(mx::fragment_word_pack(codes), w) << std::hex << w;
+  }
+}
+
+// fragment_bf16x2_pow2m126(w, r) holds slot r's code (low half) and slot r+4's (high half) in the
+// bf16 form above. The conversion only shifts and masks, so each output bit is one input bit or
+// 0: checking the zero word and the 32 one-bit words covers all 2^32 words; random words on top.
+TEST(FragmentWord, FastConversionReadsEverySlot) {
+  std::mt19937 gen(23);
+  for (int i = -1; i < 300000; ++i) {
+    const uint32_t w = i < 0 ? 0u : i < 32 ? 1u << i : static_cast<uint32_t>(gen());
+    for (int r = 0; r < 4; ++r) {
+      const uint32_t want = bf16_pow2m126_of(mx::fragment_word_code(w, r)) |
+                            (static_cast<uint32_t>(bf16_pow2m126_of(mx::fragment_word_code(w, r + 4))) << 16);
+      ASSERT_EQ(mx::fragment_bf16x2_pow2m126(w, r), want) << std::hex << "word " << w << " register " << r;
+    }
+  }
+}
+
+// For every code, slot and scale byte 0..255: bf16(conv) * 2^126 * bf16(scale), in float, equals
+// mx::dequantize_value bit for bit. The two products are exact except when the value exceeds the
+// float (and bf16) range — e2m1 >= 2 at scale 254, >= 4 at 253 — where both sides are Inf; every
+// finite result is also exactly representable in bf16 (2 significant bits, exponent >= -128 >
+// bf16's subnormal floor).
 TEST(FastConversion, MatchesDequantizeValue) {
   std::mt19937 gen(31);
   const float pow2_126 = mxmoe::bf16_to_float(mx::kBf16Pow2_126);
@@ -495,18 +599,17 @@ TEST(FastConversion, MatchesDequantizeValue) {
   for (int s = 0; s <= 255; ++s) {
     const float scale = mxmoe::bf16_to_float(mx::e8m0_to_bf16_bits(static_cast<uint8_t>(s)));
     for (int code = 0; code < 16; ++code)
-      for (int pos = 0; pos < 8; ++pos) {
-        uint32_t word = gen();
-        word = (word & ~(0xFu << (4 * pos))) | (static_cast<uint32_t>(code) << (4 * pos));
-        const uint32_t pair = mx::e2m1x2_to_bf16x2_pow2m126(word, 4 * (pos % 4));
-        const uint16_t half = static_cast<uint16_t>(pos < 4 ? pair & 0xFFFFu : pair >> 16);
+      for (int slot = 0; slot < 8; ++slot) {
+        const uint32_t word = word_with(static_cast<uint8_t>(code), slot, gen);
+        const uint32_t pair = mx::fragment_bf16x2_pow2m126(word, slot % 4);
+        const uint16_t half = static_cast<uint16_t>(slot < 4 ? pair & 0xFFFFu : pair >> 16);
         const float got = mxmoe::bf16_to_float(half) * pow2_126 * scale;
         const float want = mx::dequantize_value(static_cast<uint8_t>(code), static_cast<uint8_t>(s));
         if (s == 0xFF) {
           ASSERT_TRUE(std::isnan(got) && std::isnan(want));
           continue;
         }
-        ASSERT_EQ(bits(got), bits(want)) << "code " << code << " pos " << pos << " scale " << s;
+        ASSERT_EQ(bits(got), bits(want)) << "code " << code << " slot " << slot << " scale " << s;
         const double exact = std::ldexp(static_cast<double>(mx::e2m1_to_float(code)), s - 127);
         if (std::fabs(exact) >= std::ldexp(1.0, 128)) {
           ASSERT_TRUE(std::isinf(got));

@@ -215,8 +215,8 @@ TEST(Quantize, MatchesBlockReferenceForEveryDtypeShapeAndLayout) {
 }
 
 TEST(Quantize, StatisticsAndSqnrArePlausible) {
-  // Unit Gaussian rows (no per-row magnitude): `even` lands near 19 dB (BRIEF §2), every block
-  // is finite, no element is near the flush threshold in bulk.
+  // Unit Gaussian rows (no per-row magnitude): `even` lands near 19 dB (docs/formats.md), every
+  // block is finite, no element is near the flush threshold in bulk.
   const std::vector<int64_t> shape = {64, 2880};
   host_values x = make_values(dtype::f32, shape, 9, 0, false);
   std::mt19937_64 gen(9);
@@ -232,7 +232,7 @@ TEST(Quantize, StatisticsAndSqnrArePlausible) {
   EXPECT_GT(st.sqnr_db(), 18.0);
   EXPECT_LT(st.sqnr_db(), 20.0);
   EXPECT_DOUBLE_EQ(st.sqnr_db(), 10.0 * std::log10(st.signal_sq / st.error_sq));
-  // floor saturates far more blocks than even on the same data (BRIEF §2: 41.5% vs 22%).
+  // floor saturates far more blocks than even on the same data (docs/formats.md: 41.5% vs 22%).
   mx_buffers out_floor = make_buffers(shape, scale_layout::linear);
   const quant_stats st_floor = mxmoe::cpu::quantize(x.view, mx::scale_rule::floor, scale_layout::linear,
                                                     out_floor.packed_view, out_floor.scales_view);

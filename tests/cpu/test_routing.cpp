@@ -1,5 +1,6 @@
 // cpu::route and cpu::router_logits on small cases whose expected ids and weights were worked
-// out by hand from BRIEF §4 (each formula is written next to its literal).
+// out by hand from the routing definitions in include/mxmoe/moe.h and docs/models.md (each
+// formula is written next to its literal).
 #include <gtest/gtest.h>
 
 #include <cmath>

@@ -1,7 +1,9 @@
-// Shared pieces of the MoE layer GPU tests: random MXFP4 layers in the checkpoint layout, the
-// comparison with the CPU reference (cpu::moe_forward) under the documented tolerances
-// (cuda::kForwardRelL2Tolerance, kForwardMaxErrTolerance; docs/moe_layer.md) and a forward run
-// twice on 0xFF-filled buffers (bitwise-equal outputs required).
+// Shared pieces of the MoE layer GPU tests (test_gpu_moe.cpp, test_gpu_moe_prefill.cpp): the
+// synthetic MXFP4 layer, the comparison with the CPU reference (cpu::moe_forward) under the
+// documented tolerances (cuda::kForwardRelL2Tolerance, kForwardMaxErrTolerance; docs/moe_layer.md),
+// a forward run twice on 0xFF-filled buffers (bitwise-equal outputs required), a captured graph
+// replayed with new inputs, the kernels a forward launches, and the launch-path switch
+// (MXMOE_MOE_PATH) set for the layers a test constructs.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -11,7 +13,9 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
+#include <optional>
 #include <random>
 #include <string>
 #include <vector>
@@ -20,55 +24,16 @@
 #include "mxmoe/cuda.h"
 #include "mxmoe/dtype.h"
 #include "mxmoe/moe.h"
+#include "mxmoe/synthetic.h"
 
 namespace mxmoe::test {
 
-struct host_moe {
-  moe_config cfg;
-  std::vector<uint8_t> b13, s13, b2, s2;
-  std::vector<uint16_t> bias13, bias2;
-  std::vector<float> correction;
-  moe_weights view() const {
-    const int64_t E = cfg.shape.experts, H = cfg.shape.hidden, I = cfg.shape.intermediate;
-    moe_weights w;
-    w.format = weight_format::mxfp4;
-    w.gate_up_blocks = tensor_view(b13.data(), dtype::u8, {E, 2 * I, H / 32, 16});
-    w.gate_up_scales = tensor_view(s13.data(), dtype::u8, {E, 2 * I, H / 32});
-    w.down_blocks = tensor_view(b2.data(), dtype::u8, {E, H, I / 32, 16});
-    w.down_scales = tensor_view(s2.data(), dtype::u8, {E, H, I / 32});
-    if (!bias13.empty()) w.gate_up_bias = tensor_view(bias13.data(), dtype::bf16, {E, 2 * I});
-    if (!bias2.empty()) w.down_bias = tensor_view(bias2.data(), dtype::bf16, {E, H});
-    if (!correction.empty()) w.correction_bias = tensor_view(correction.data(), dtype::f32, {E});
-    return w;
-  }
-};
-
-// Random codes (every nibble, 6.0 included) and scales around 2^-7: weights of realistic size.
+// Weights: the synthetic MXFP4 layer (include/mxmoe/synthetic.h): every code (6.0 included) and
+// scales around 1/(2.93 sqrt(K)); biases when asked, a correction bias for grouped routing.
+using host_moe = synthetic::mxfp4_layer;
 inline host_moe make_moe(const moe_config& cfg, bool biases, std::mt19937& rng) {
-  host_moe m;
-  m.cfg = cfg;
-  const int64_t E = cfg.shape.experts, H = cfg.shape.hidden, I = cfg.shape.intermediate;
-  std::uniform_int_distribution<int> byte(0, 255), scale(118, 122);
-  auto fill = [&](std::vector<uint8_t>& v, size_t n, bool is_scale) {
-    v.resize(n);
-    for (auto& b : v) b = static_cast<uint8_t>(is_scale ? scale(rng) : byte(rng));
-  };
-  fill(m.b13, static_cast<size_t>(E * 2 * I * H / 2), false);
-  fill(m.s13, static_cast<size_t>(E * 2 * I * H / 32), true);
-  fill(m.b2, static_cast<size_t>(E * H * I / 2), false);
-  fill(m.s2, static_cast<size_t>(E * H * I / 32), true);
-  std::normal_distribution<float> nd(0.0f, 0.1f);
-  if (biases) {
-    m.bias13.resize(static_cast<size_t>(E * 2 * I));
-    m.bias2.resize(static_cast<size_t>(E * H));
-    for (auto& b : m.bias13) b = float_to_bf16(nd(rng));
-    for (auto& b : m.bias2) b = float_to_bf16(nd(rng));
-  }
-  if (cfg.routing.kind == routing_kind::sigmoid_grouped_topk) {
-    m.correction.resize(static_cast<size_t>(E));
-    for (auto& b : m.correction) b = nd(rng);
-  }
-  return m;
+  return synthetic::make_layer(
+      cfg, {.biases = biases, .correction_bias = cfg.routing.kind == routing_kind::sigmoid_grouped_topk}, rng());
 }
 
 inline std::vector<uint16_t> random_bf16(size_t n, float sigma, std::mt19937& rng) {
@@ -115,6 +80,25 @@ inline void expect_close(const std::vector<uint16_t>& gpu, const std::vector<flo
   EXPECT_GT(s.max_ref, 0.0) << what << ": the reference is all zeros, the test would prove nothing";
 }
 
+// The reference accumulates in f32 where f64 would be slow.
+inline cpu::precision reference_precision(const moe_config& cfg, int64_t T) {
+  return T * cfg.shape.hidden * cfg.shape.intermediate > (int64_t{1} << 28) ? cpu::precision::f32
+                                                                             : cpu::precision::f64;
+}
+
+// The reference of a call routed by f32 logits [T, E], x bf16 [T, H].
+inline std::vector<float> reference_by_logits(const std::vector<uint16_t>& x, const std::vector<float>& logits,
+                                              const moe_weights& w, const moe_config& cfg, int64_t T,
+                                              cpu::precision prec = cpu::precision::f64) {
+  const int64_t H = cfg.shape.hidden, E = cfg.shape.experts;
+  routing_input hr;
+  hr.logits = tensor_view(logits.data(), dtype::f32, {T, E});
+  std::vector<float> ref(static_cast<size_t>(T * H));
+  cpu::moe_forward(tensor_view(x.data(), dtype::bf16, {T, H}), hr, w, cfg, tensor_view(ref.data(), dtype::f32, {T, H}),
+                   prec);
+  return ref;
+}
+
 enum class routing_mode { logits_f32, logits_bf16, precomputed };
 
 struct run_result {
@@ -125,7 +109,7 @@ struct run_result {
 // Runs the layer twice (bitwise-equal outputs required) with 0xFF-filled output and workspace,
 // and the reference once.
 inline run_result run_case(const host_moe& m, int64_t T, routing_mode mode, std::mt19937& rng,
-                    cpu::precision prec = cpu::precision::f64, const std::vector<int32_t>* fixed_ids = nullptr) {
+                           cpu::precision prec = cpu::precision::f64, const std::vector<int32_t>* fixed_ids = nullptr) {
   const moe_config& c = m.cfg;
   const int64_t E = c.shape.experts, H = c.shape.hidden;
   const int k = c.routing.top_k;
@@ -150,7 +134,7 @@ inline run_result run_case(const host_moe& m, int64_t T, routing_mode mode, std:
       }
   }
 
-  const moe_weights w = m.view();
+  const moe_weights w = m.weights();
   cuda::moe_layer layer(w, c);
   cuda::device_buffer dx = to_device(x), dlog = to_device(logits), dlog16 = to_device(logits_bf16), dids = to_device(ids),
                       dw = to_device(wts);
@@ -191,7 +175,7 @@ inline run_result run_case(const host_moe& m, int64_t T, routing_mode mode, std:
 }
 
 inline moe_config make_cfg(int64_t E, int64_t H, int64_t I, int k, routing_kind rk, activation_kind act,
-                    layout::gate_up_order order) {
+                           layout::gate_up_order order) {
   moe_config c;
   c.shape = {E, H, I};
   c.routing.kind = rk;
@@ -218,24 +202,40 @@ inline moe_config config_of(const shape_case& sc) {
   return make_cfg(sc.E, sc.H, sc.I, sc.k, sc.routing, sc.act, sc.order);
 }
 
-// One random layer of config cfg (sc's shape), checked at each of sc's token counts (the
-// reference accumulates in f32 where f64 would be slow).
+// One random layer of config cfg (sc's shape), checked at each of sc's token counts.
 inline void expect_shape_matches(const shape_case& sc, const moe_config& cfg, std::mt19937& rng) {
   const host_moe m = make_moe(cfg, sc.biases, rng);
   for (int64_t T : sc.tokens) {
-    const bool big = T * sc.H * sc.I > (int64_t{1} << 28);
-    const run_result r = run_case(m, T, routing_mode::logits_f32, rng, big ? cpu::precision::f32 : cpu::precision::f64);
+    const run_result r = run_case(m, T, routing_mode::logits_f32, rng, reference_precision(cfg, T));
     expect_close(r.out, r.ref, std::string(sc.name) + " T=" + std::to_string(T));
   }
 }
 
-// Captures one forward of T tokens in a CUDA graph and replays it three times with new inputs
-// copied into the captured buffers, each compared with the reference.
-inline void expect_graph_replays(const host_moe& m, int64_t T, std::mt19937& rng) {
-  const moe_config& cfg = m.cfg;
+// The kernels of a captured graph, by name (cudaFuncGetName: mangled for C++ kernels), in the
+// graph's node order; memset and other nodes are left out.
+inline void graph_kernel_names(cudaGraph_t graph, std::vector<std::string>* names) {
+  size_t n = 0;
+  CUDA_OK(cudaGraphGetNodes(graph, nullptr, &n));
+  std::vector<cudaGraphNode_t> nodes(n);
+  CUDA_OK(cudaGraphGetNodes(graph, nodes.data(), &n));
+  names->clear();
+  for (cudaGraphNode_t node : nodes) {
+    cudaGraphNodeType type{};
+    CUDA_OK(cudaGraphNodeGetType(node, &type));
+    if (type != cudaGraphNodeTypeKernel) continue;
+    cudaKernelNodeParams p{};
+    CUDA_OK(cudaGraphKernelNodeGetParams(node, &p));
+    const char* name = nullptr;
+    CUDA_OK(cudaFuncGetName(&name, p.func));
+    names->emplace_back(name);
+  }
+}
+
+// The names of the kernels one forward of `layer` launches for T tokens routed by logits: the
+// forward is captured into a graph that is never run.
+inline void forward_kernel_names(const cuda::moe_layer& layer, int64_t T, std::vector<std::string>* names) {
+  const moe_config& cfg = layer.config();
   const int64_t H = cfg.shape.hidden, E = cfg.shape.experts;
-  const moe_weights w = m.view();
-  cuda::moe_layer layer(w, cfg);
   cuda::device_buffer dx(T * H * 2), dlog(T * E * 4), dout(T * H * 2), ws(layer.workspace_bytes(T));
   cudaStream_t stream;
   CUDA_OK(cudaStreamCreate(&stream));
@@ -245,31 +245,80 @@ inline void expect_graph_replays(const host_moe& m, int64_t T, std::mt19937& rng
   CUDA_OK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
   layer.forward(dx.view(dtype::bf16, {T, H}), ri, dout.view(dtype::bf16, {T, H}), ws.data(), ws.size(), stream);
   CUDA_OK(cudaStreamEndCapture(stream, &graph));
-  cudaGraphExec_t exec;
-  CUDA_OK(cudaGraphInstantiate(&exec, graph, 0));
-  const bool big = T * H * cfg.shape.intermediate > (int64_t{1} << 28);
-  for (int rep = 0; rep < 3; ++rep) {  // new inputs each replay, copied into the captured buffers
-    const std::vector<uint16_t> x = random_bf16(static_cast<size_t>(T * H), 1.0f, rng);
-    std::vector<float> logits(static_cast<size_t>(T * E));
-    std::normal_distribution<float> nd(0.0f, 2.0f);
-    for (auto& l : logits) l = nd(rng);
-    dx.upload(x.data(), x.size() * 2);
-    dlog.upload(logits.data(), logits.size() * 4);
-    dout.fill(0xFF);
-    CUDA_OK(cudaGraphLaunch(exec, stream));
-    CUDA_OK(cudaStreamSynchronize(stream));
-    std::vector<uint16_t> out(static_cast<size_t>(T * H));
-    dout.download(out.data(), out.size() * 2);
-    routing_input hr;
-    hr.logits = tensor_view(logits.data(), dtype::f32, {T, E});
-    std::vector<float> ref(static_cast<size_t>(T * H));
-    cpu::moe_forward(tensor_view(x.data(), dtype::bf16, {T, H}), hr, w, cfg, tensor_view(ref.data(), dtype::f32, {T, H}),
-                     big ? cpu::precision::f32 : cpu::precision::f64);
-    expect_close(out, ref, "graph replay T=" + std::to_string(T) + " #" + std::to_string(rep));
-  }
-  cudaGraphExecDestroy(exec);
+  graph_kernel_names(graph, names);
   cudaGraphDestroy(graph);
   cudaStreamDestroy(stream);
 }
+
+// How many of `names` contain `part`.
+inline int count_containing(const std::vector<std::string>& names, const std::string& part) {
+  return static_cast<int>(std::count_if(names.begin(), names.end(),
+                                        [&](const std::string& n) { return n.find(part) != std::string::npos; }));
+}
+
+// For each T: one forward of `layer` captured in a CUDA graph and replayed three times with new
+// inputs copied into the captured buffers, each compared with the reference. `kernels`, when
+// given, receives the names of the kernels of the last T's graph.
+inline void expect_graph_replays(const cuda::moe_layer& layer, const moe_weights& w, const std::vector<int64_t>& tokens,
+                                 std::mt19937& rng, std::vector<std::string>* kernels = nullptr) {
+  const moe_config& cfg = layer.config();
+  const int64_t H = cfg.shape.hidden, E = cfg.shape.experts;
+  cudaStream_t stream;
+  CUDA_OK(cudaStreamCreate(&stream));
+  for (const int64_t T : tokens) {
+    cuda::device_buffer dx(T * H * 2), dlog(T * E * 4), dout(T * H * 2), ws(layer.workspace_bytes(T));
+    ws.fill(0xFF);
+    routing_input ri;
+    ri.logits = dlog.view(dtype::f32, {T, E});
+    cudaGraph_t graph;
+    CUDA_OK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+    layer.forward(dx.view(dtype::bf16, {T, H}), ri, dout.view(dtype::bf16, {T, H}), ws.data(), ws.size(), stream);
+    CUDA_OK(cudaStreamEndCapture(stream, &graph));
+    if (kernels) graph_kernel_names(graph, kernels);
+    cudaGraphExec_t exec;
+    CUDA_OK(cudaGraphInstantiate(&exec, graph, 0));
+    for (int rep = 0; rep < 3; ++rep) {  // new inputs each replay, copied into the captured buffers
+      const std::vector<uint16_t> x = random_bf16(static_cast<size_t>(T * H), 1.0f, rng);
+      std::vector<float> logits(static_cast<size_t>(T * E));
+      std::normal_distribution<float> nd(0.0f, 2.0f);
+      for (auto& l : logits) l = nd(rng);
+      dx.upload(x.data(), x.size() * 2);
+      dlog.upload(logits.data(), logits.size() * 4);
+      dout.fill(0xFF);
+      CUDA_OK(cudaGraphLaunch(exec, stream));
+      CUDA_OK(cudaStreamSynchronize(stream));
+      std::vector<uint16_t> out(static_cast<size_t>(T * H));
+      dout.download(out.data(), out.size() * 2);
+      expect_close(out, reference_by_logits(x, logits, w, cfg, T, reference_precision(cfg, T)),
+                   "graph replay T=" + std::to_string(T) + " " + std::to_string(rep));
+    }
+    cudaGraphExecDestroy(exec);
+    cudaGraphDestroy(graph);
+  }
+  cudaStreamDestroy(stream);
+}
+
+// MXMOE_MOE_PATH set to `value` (nullptr: unset) for the layers constructed while this lives
+// (the layer reads it in its constructor); the previous value is restored afterwards.
+class scoped_moe_path {
+ public:
+  explicit scoped_moe_path(const char* value) {
+    if (const char* old = std::getenv(kName)) previous_ = old;
+    set(value);
+  }
+  ~scoped_moe_path() { set(previous_ ? previous_->c_str() : nullptr); }
+  scoped_moe_path(const scoped_moe_path&) = delete;
+  scoped_moe_path& operator=(const scoped_moe_path&) = delete;
+
+ private:
+  static constexpr const char* kName = "MXMOE_MOE_PATH";
+  static void set(const char* value) {
+    if (value)
+      setenv(kName, value, 1);
+    else
+      unsetenv(kName);
+  }
+  std::optional<std::string> previous_;
+};
 
 }  // namespace mxmoe::test

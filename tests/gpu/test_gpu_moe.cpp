@@ -21,17 +21,12 @@
 #include "mxmoe/dtype.h"
 #include "mxmoe/error.h"
 #include "mxmoe/moe.h"
+#include "mxmoe/synthetic.h"
 
 namespace mxmoe {
 namespace {
 
 using namespace test;  // tests/gpu/moe_case.h
-using test::random_bf16;
-using test::routing_mode;
-using test::run_case;
-using test::run_result;
-using test::shape_case;
-using test::to_device;
 
 // ---- cases -----------------------------------------------------------------------------
 
@@ -50,7 +45,11 @@ TEST_P(GpuMoe, MatchesReferenceAtEveryTileResidue) {
 }
 
 // K = H or I is 32 mod 64 in several cases (the last K-step half empty); 2I and H are not
-// multiples of the 128-row CTA; T crosses each tile shape (16, 64, 128 tokens per expert).
+// multiples of the 128-row CTA; T crosses each tile shape (8, 16, 32 tokens per decode tile,
+// 64, 128) and each routing path (the one-CTA plan routing itself for T <= 16 and E <= 256,
+// route + plan up to 8192 pairs, the four-step path beyond). The decode_split_k cases have few
+// tiles and a long K, so that the decode GEMM splits K over 2 and 4 warp groups (unevenly: 33
+// fragment tiles) at T <= 16, in GEMM1 and in GEMM2 respectively.
 INSTANTIATE_TEST_SUITE_P(
     Shapes, GpuMoe,
     testing::Values(
@@ -69,8 +68,30 @@ INSTANTIATE_TEST_SUITE_P(
         shape_case{"max_tokens", 8, 64, 32, 2, routing_kind::softmax_topk, activation_kind::silu_mul,
                    layout::gate_up_order::concatenated, false, {65536}},
         shape_case{"max_experts_max_topk", 512, 64, 32, 16, routing_kind::softmax_topk, activation_kind::silu_mul,
-                   layout::gate_up_order::concatenated, true, {1, 40, 3000}}),
+                   layout::gate_up_order::concatenated, true, {1, 40, 3000}},
+        shape_case{"decode_split_k_gemm1", 8, 2080, 96, 2, routing_kind::topk_softmax, activation_kind::swiglu_clamped,
+                   layout::gate_up_order::interleaved, true, {1, 3, 8, 9, 16, 17, 40}},
+        shape_case{"decode_split_k_gemm2", 8, 64, 2080, 1, routing_kind::softmax_topk, activation_kind::silu_mul,
+                   layout::gate_up_order::concatenated, false, {1, 5, 12, 33}}),
     [](const testing::TestParamInfo<shape_case>& i) { return std::string(i.param.name); });
+
+// Scale bytes 0 and above 128 take the two-multiply dequantization (2^(s-1) is no normal bf16
+// there); with the synthetic layer's scale bytes replaced by uniform bytes 0..140 most fragment
+// tiles mix them with the one-multiply bytes. Decode
+// (T = 1, 9, 20) and wgmma (T = 200) tiles.
+TEST(GpuMoeScales, ZeroAndLargeScaleBytes) {
+  std::mt19937 rng(41);
+  const moe_config cfg = make_cfg(8, 96, 160, 2, routing_kind::softmax_topk, activation_kind::silu_mul,
+                                  layout::gate_up_order::concatenated);
+  host_moe m = make_moe(cfg, true, rng);
+  std::uniform_int_distribution<int> wide(0, 140);
+  for (auto* scales : {&m.gate_up_scales, &m.down_scales})
+    for (auto& b : *scales) b = static_cast<uint8_t>(wide(rng));
+  for (int64_t T : {1, 9, 20, 200}) {
+    const run_result r = run_case(m, T, routing_mode::logits_f32, rng);
+    expect_close(r.out, r.ref, "scale bytes 0..140 T=" + std::to_string(T));
+  }
+}
 
 TEST(GpuMoeRouting, Bf16LogitsAndPrecomputedIds) {
   std::mt19937 rng(7);
@@ -90,7 +111,7 @@ TEST(GpuMoeRouting, AllTokensOnOneExpert) {
   const moe_config cfg = make_cfg(8, 160, 96, 1, routing_kind::softmax_topk, activation_kind::silu_mul,
                                   layout::gate_up_order::interleaved);
   const host_moe m = make_moe(cfg, true, rng);
-  for (int64_t T : {1, 700}) {
+  for (int64_t T : {1, 33, 40, 700}) {  // 33, 40: decode tiles of 32 + 1 and 32 + 8 on one expert
     const std::vector<int32_t> ids(static_cast<size_t>(T), 3);
     const run_result r = run_case(m, T, routing_mode::precomputed, rng, cpu::precision::f64, &ids);
     expect_close(r.out, r.ref, "one expert T=" + std::to_string(T));
@@ -121,7 +142,7 @@ TEST(GpuMoeRouting, OutOfRangeIdsAreDroppedAndFlagged) {
   const std::vector<int32_t> ids = {0, 1, 2, 99, 3, -1, 4, 5};
   const std::vector<float> wts(8, 0.5f);
   const std::vector<uint16_t> x = random_bf16(static_cast<size_t>(T * H), 1.0f, rng);
-  cuda::moe_layer layer(m.view(), cfg);
+  cuda::moe_layer layer(m.weights(), cfg);
   cuda::device_buffer dx = to_device(x), dids = to_device(ids), dw = to_device(wts), dout(T * H * 2),
                       ws(layer.workspace_bytes(T));
   routing_input ri;
@@ -140,17 +161,109 @@ TEST(GpuMoeRouting, OutOfRangeIdsAreDroppedAndFlagged) {
   hr.ids = tensor_view(ref_ids.data(), dtype::i32, {T, 2});
   hr.weights = tensor_view(ref_w.data(), dtype::f32, {T, 2});
   std::vector<float> ref(static_cast<size_t>(T * H));
-  const moe_weights w = m.view();
+  const moe_weights w = m.weights();
   cpu::moe_forward(tensor_view(x.data(), dtype::bf16, {T, H}), hr, w, cfg, tensor_view(ref.data(), dtype::f32, {T, H}),
                    cpu::precision::f64);
   expect_close(out, ref, "dropped slots");
+}
+
+// More than kPlanMaxPairs (8192) caller-provided pairs take the four-step path's import kernel;
+// out-of-range ids there are dropped and flagged too.
+TEST(GpuMoeRouting, PrecomputedIdsBeyondTheOneCtaPlan) {
+  std::mt19937 rng(13);
+  const moe_config cfg = make_cfg(16, 64, 32, 4, routing_kind::softmax_topk, activation_kind::silu_mul,
+                                  layout::gate_up_order::concatenated);
+  const host_moe m = make_moe(cfg, true, rng);
+  const int64_t T = 2100, H = 64, k = 4;
+  std::vector<int32_t> ids(static_cast<size_t>(T * k));
+  for (size_t p = 0; p < ids.size(); ++p) ids[p] = static_cast<int32_t>((p * 7 + p / 5) % 16);
+  ids[5] = 16;
+  ids[777] = -3;
+  std::vector<float> wts(ids.size());
+  std::uniform_real_distribution<float> u(0.1f, 1.0f);
+  for (auto& w : wts) w = u(rng);
+  const std::vector<uint16_t> x = random_bf16(static_cast<size_t>(T * H), 1.0f, rng);
+  cuda::moe_layer layer(m.weights(), cfg);
+  cuda::device_buffer dx = to_device(x), dids = to_device(ids), dw = to_device(wts), dout(T * H * 2),
+                      ws(layer.workspace_bytes(T));
+  ws.fill(0xFF);
+  dout.fill(0xFF);
+  routing_input ri;
+  ri.ids = dids.view(dtype::i32, {T, k});
+  ri.weights = dw.view(dtype::f32, {T, k});
+  layer.forward(dx.view(dtype::bf16, {T, H}), ri, dout.view(dtype::bf16, {T, H}), ws.data(), ws.size());
+  EXPECT_EQ(layer.read_error_flags(ws.data(), ws.size()) & 1u, 1u);
+  std::vector<uint16_t> out(static_cast<size_t>(T * H));
+  dout.download(out.data(), out.size() * 2);
+  std::vector<int32_t> ref_ids = ids;
+  std::vector<float> ref_w = wts;
+  for (size_t p = 0; p < ids.size(); ++p)
+    if (ids[p] < 0 || ids[p] >= 16) ref_ids[p] = 0, ref_w[p] = 0.0f;
+  routing_input hr;
+  hr.ids = tensor_view(ref_ids.data(), dtype::i32, {T, k});
+  hr.weights = tensor_view(ref_w.data(), dtype::f32, {T, k});
+  std::vector<float> ref(static_cast<size_t>(T * H));
+  const moe_weights w = m.weights();
+  cpu::moe_forward(tensor_view(x.data(), dtype::bf16, {T, H}), hr, w, cfg, tensor_view(ref.data(), dtype::f32, {T, H}),
+                   cpu::precision::f64);
+  expect_close(out, ref, "four-step import with dropped slots");
 }
 
 TEST(GpuMoeGraph, CapturedForwardReplaysWithNewInputs) {
   std::mt19937 rng(99);
   const moe_config cfg = make_cfg(16, 352, 224, 4, routing_kind::topk_softmax, activation_kind::swiglu_clamped,
                                   layout::gate_up_order::interleaved);
-  expect_graph_replays(make_moe(cfg, true, rng), 37, rng);
+  const host_moe m = make_moe(cfg, true, rng);
+  const moe_weights w = m.weights();
+  const cuda::moe_layer layer(w, cfg);
+  // T = 1 and 8: the plan kernel routes, decode tiles of 8; T = 37: route + plan, tiles of 32.
+  expect_graph_replays(layer, w, {1, 8, 37}, rng);
+}
+
+// Forwards enqueued back to back on one stream with one workspace: each kernel is a programmatic
+// dependent of the previous one, so the second forward's routing may start while the first one's
+// combine still reads the workspace; it must wait. Both outputs must match the reference.
+TEST(GpuMoeGraph, BackToBackForwardsShareTheWorkspace) {
+  std::mt19937 rng(21);
+  const moe_config cfg = make_cfg(16, 352, 224, 4, routing_kind::softmax_topk, activation_kind::silu_mul,
+                                  layout::gate_up_order::concatenated);
+  const host_moe m = make_moe(cfg, false, rng);
+  const int64_t H = 352, E = 16;
+  const moe_weights w = m.weights();
+  cuda::moe_layer layer(w, cfg);
+  cudaStream_t stream;
+  CUDA_OK(cudaStreamCreate(&stream));
+  for (const int64_t T : {1, 12, 40}) {
+    constexpr int kCalls = 4;
+    cuda::device_buffer ws(layer.workspace_bytes(T));
+    std::vector<std::vector<uint16_t>> xs(kCalls);
+    std::vector<std::vector<float>> logits(kCalls);
+    std::vector<cuda::device_buffer> dx, dlog, dout;
+    std::normal_distribution<float> nd(0.0f, 2.0f);
+    for (int c = 0; c < kCalls; ++c) {
+      xs[c] = random_bf16(static_cast<size_t>(T * H), 1.0f, rng);
+      logits[c].resize(static_cast<size_t>(T * E));
+      for (auto& l : logits[c]) l = nd(rng);
+      dx.push_back(to_device(xs[c]));
+      dlog.push_back(to_device(logits[c]));
+      dout.emplace_back(static_cast<size_t>(T * H * 2));
+      dout.back().fill(0xFF);
+    }
+    for (int c = 0; c < kCalls; ++c) {
+      routing_input ri;
+      ri.logits = dlog[c].view(dtype::f32, {T, E});
+      layer.forward(dx[c].view(dtype::bf16, {T, H}), ri, dout[c].view(dtype::bf16, {T, H}), ws.data(), ws.size(),
+                    stream);
+    }
+    CUDA_OK(cudaStreamSynchronize(stream));
+    for (int c = 0; c < kCalls; ++c) {
+      std::vector<uint16_t> out(static_cast<size_t>(T * H));
+      dout[c].download(out.data(), out.size() * 2);
+      expect_close(out, reference_by_logits(xs[c], logits[c], w, cfg, T),
+                   "back to back T=" + std::to_string(T) + " call " + std::to_string(c));
+    }
+  }
+  cudaStreamDestroy(stream);
 }
 
 TEST(GpuMoeInput, BadInputIsRejectedAndNothingIsWritten) {
@@ -158,7 +271,7 @@ TEST(GpuMoeInput, BadInputIsRejectedAndNothingIsWritten) {
   const moe_config cfg = make_cfg(8, 64, 32, 2, routing_kind::softmax_topk, activation_kind::silu_mul,
                                   layout::gate_up_order::concatenated);
   const host_moe m = make_moe(cfg, false, rng);
-  cuda::moe_layer layer(m.view(), cfg);
+  cuda::moe_layer layer(m.weights(), cfg);
   const int64_t T = 4, H = 64, E = 8;
   cuda::device_buffer dx(T * H * 2), dlog(T * E * 4), dout(T * H * 2), ws(layer.workspace_bytes(T));
   dx.fill(0);
@@ -185,7 +298,7 @@ TEST(GpuMoeInput, BadInputIsRejectedAndNothingIsWritten) {
   std::vector<uint16_t> out(static_cast<size_t>(T * H));
   dout.download(out.data(), out.size() * 2);
   for (uint16_t v : out) ASSERT_EQ(v, 0xABABu) << "a rejected call wrote its output";
-  moe_weights w = m.view();
+  moe_weights w = m.weights();
   w.format = weight_format::bf16;
   EXPECT_THROW(cuda::moe_layer(w, cfg), invalid_argument);
   // T = 0 is valid and writes nothing.

@@ -1,4 +1,4 @@
-// GPU tests of cuda::quantize / cuda::dequantize (src/cuda/sm90_quantize.cu): every byte and every
+// GPU tests of cuda::quantize / cuda::dequantize (src/cuda/quantize/): every byte and every
 // statistic against the CPU reference (cpu::quantize / cpu::dequantize, which call mx:: per block),
 // for every scale rule x scale layout x input dtype, on random data of several distributions,
 // special values, odd shapes, batched and strided inputs (fast and reference kernels), with the

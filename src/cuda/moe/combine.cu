@@ -1,18 +1,22 @@
 // moe/combine.cu — out[t, :] = sum over slots j (in slot order) of ybuf[t*k + j, :], the
 // routing-weighted expert outputs GEMM2 wrote. A fixed order keeps the layer deterministic
 // (no atomics on the output). Dropped slots (id -1) contribute nothing. Each thread owns 8
-// consecutive hidden values: 16-byte loads and stores.
+// consecutive hidden values: 16-byte loads and stores. A programmatic dependent of GEMM2
+// (pdl.cuh).
 #include <cuda_runtime.h>
 
 #include "check.h"
 #include "mxmoe/dtype.h"
 #include "kernels.h"
+#include "pdl.cuh"
 
 namespace mxmoe::cuda::sm90 {
 namespace {
 
 __global__ void combine_kernel(int64_t tokens, int top_k, int64_t hidden, const int32_t* __restrict__ ids,
                                const uint16_t* __restrict__ ybuf, uint16_t* __restrict__ out) {
+  detail::wait_for_previous_grid();
+  detail::allow_dependent_launch();
   const int64_t vecs = hidden / 8;
   const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= tokens * vecs) return;
@@ -39,11 +43,10 @@ __global__ void combine_kernel(int64_t tokens, int top_k, int64_t hidden, const 
 }  // namespace
 
 void launch_combine(int64_t tokens, int top_k, int64_t hidden, const moe_workspace& ws, uint16_t* out,
-                    cudaStream_t stream) {
+                    bool dependent, cudaStream_t stream) {
   const int64_t n = tokens * (hidden / 8);
-  combine_kernel<<<static_cast<unsigned>((n + 255) / 256), 256, 0, stream>>>(tokens, top_k, hidden, ws.ids, ws.ybuf,
-                                                                            out);
-  MXMOE_CUDA_CHECK(cudaGetLastError());
+  launch_pdl(combine_kernel, dim3(static_cast<unsigned>((n + 255) / 256)), dim3(256), 0, stream, dependent, tokens,
+             top_k, hidden, static_cast<const int32_t*>(ws.ids), static_cast<const uint16_t*>(ws.ybuf), out);
 }
 
 }  // namespace mxmoe::cuda::sm90

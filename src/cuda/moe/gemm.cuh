@@ -8,21 +8,16 @@
 // activation rows of 128 bytes per K-step in the 128-byte-swizzled K-major layout that wgmma
 // and ldmatrix read without bank conflicts (16-byte chunk c of row r at chunk c ^ (r % 8)).
 // Stages are filled with cp.async, STAGES deep. Each lane reads its own A fragment with one
-// 16-byte shared load and turns 8 E2M1 codes into four bf16x2 registers with integer ops
-// (mx::e2m1x2_to_bf16x2_pow2m126) and one bf16x2 multiply by 2^(scale-1) (two multiplies, by
-// 2^126 and 2^(scale-127), when a scale byte is 0 or above 128: both ways are exact).
+// 16-byte shared load and turns its four fragment words into bf16x2 registers with
+// detail::dequant_fragment.
 //
 // Two tensor-core paths, one per tile shape:
-//   mma.sync.m16n8k16 (decode: BN = 16; few tokens, DRAM-bound): each warp WM x WN, B
-//     fragments by ldmatrix.
+//   mma.sync.m16n8k16 (legacy_decode: BN = 16): each warp WM x WN, B fragments by ldmatrix.
+//     The decode path is gemm_decode.cuh; this one is kept selectable (docs/moe_layer.md).
 //   wgmma.m64nBNk16 with A from registers (mid/large: BN = 64/128): each warpgroup 64 rows x BN;
 //     a warp's register A fragment is exactly its 16-row fragment tile.
-// fp32 accumulation over the whole K (no split-K: deterministic).
-//
-// Epilogues (runtime, uniform per launch):
-//   gate_up_activation: rows come in layout::gate_up_rows order, so accumulator rows g and
-//     g+8 are gate and up of output j = 16-row-tile*8 + g: act(gate + b, up + b) -> act[s, j].
-//   weighted_down: (acc + b2) * routing weight -> ybuf[pair, n] (bf16).
+// fp32 accumulation over the whole K (no split-K: deterministic). Epilogues: epilogue.cuh.
+// Launched as programmatic dependents (pdl.cuh): every CTA waits for the previous kernel first.
 // Limits: K a multiple of 32 (the tail is zero-filled); rows a multiple of 16; B rows 16-byte
 // aligned. Shapes are runtime values; the tile shapes are the three instantiations below.
 #pragma once
@@ -41,8 +36,10 @@
 #include "mxmoe/mx.h"
 
 #include "dequant.cuh"
+#include "epilogue.cuh"
 #include "kernels.h"
 #include "mma.cuh"
+#include "pdl.cuh"
 
 namespace mxmoe::cuda::sm90 {
 
@@ -66,19 +63,9 @@ struct gemm_tile {
 };
 
 // The three instantiations (one per translation unit) and what they are for.
-using decode_tile = gemm_tile<64, 16, 16, 16, 4, 4, false>;  // few tokens per expert: DRAM-bound
-using mid_tile = gemm_tile<128, 64, 16, 64, 4, 1, true>;     // the 64-token transition
-using large_tile = gemm_tile<128, 128, 16, 128, 4, 1, true>; // prefill: tensor-core bound
-
-cudaError_t allow_gemm_smem_decode();
-cudaError_t allow_gemm_smem_mid();
-cudaError_t allow_gemm_smem_large();
-void launch_gemm_decode(const gemm_weights&, const uint16_t*, const moe_workspace&, int, epilogue_kind,
-                        const activation_config&, int64_t, cudaStream_t);
-void launch_gemm_mid(const gemm_weights&, const uint16_t*, const moe_workspace&, int, epilogue_kind,
-                     const activation_config&, int64_t, cudaStream_t);
-void launch_gemm_large(const gemm_weights&, const uint16_t*, const moe_workspace&, int, epilogue_kind,
-                       const activation_config&, int64_t, cudaStream_t);
+using legacy_decode_tile = gemm_tile<64, 16, 16, 16, 4, 4, false>;  // the decode path before gemm_decode.cuh
+using mid_tile = gemm_tile<128, 64, 16, 64, 4, 1, true>;            // the 64-token transition
+using large_tile = gemm_tile<128, 128, 16, 128, 4, 1, true>;        // prefill: tensor-core bound
 
 template <class Cfg>
 __device__ __forceinline__ void gemm_tile_body(uint8_t* smem, const tile_desc td, const gemm_weights& w,
@@ -95,16 +82,7 @@ __device__ __forceinline__ void gemm_tile_body(uint8_t* smem, const tile_desc td
   // Per B row: the activation row it reads, and (GEMM2) the pair it writes.
   int* row_src = reinterpret_cast<int*>(smem + Cfg::STAGES * Cfg::STAGE_BYTES);
   int* row_pair = row_src + Cfg::BN;
-  for (int r = tid; r < Cfg::BN; r += Cfg::THREADS) {
-    int src = -1, pair = -1;
-    if (r < td.count) {
-      const int s = td.start + r;
-      pair = ws.sorted[s];
-      src = ep == epilogue_kind::gate_up_activation ? pair / top_k : s;
-    }
-    row_src[r] = src;
-    row_pair[r] = pair;
-  }
+  detail::load_tile_rows(td, ws, ep, top_k, Cfg::BN, row_src, row_pair);
   __syncthreads();
 
   const uint8_t* a_codes = w.codes + td.expert * w.expert_code_stride;
@@ -250,37 +228,10 @@ __device__ __forceinline__ void gemm_tile_body(uint8_t* smem, const tile_desc td
   }
   cute::cp_async_wait<0>();
 
-  // ---- epilogue: the accumulator layout of mma.sync (per n8 tile) and of each warp's part of
-  // a wgmma m64 tile are the same: (row g, tokens 2t, 2t+1) and (row g+8, same tokens).
-  const int t4 = lane & 3;
-  const int64_t expert = td.expert;
 #pragma unroll
   for (int mi = 0; mi < Cfg::MT; ++mi) {
     const int rt = row_tile0 + wm * Cfg::MT + mi;
-    if (rt >= row_tiles) continue;
-    const int64_t r0 = static_cast<int64_t>(rt) * 16 + g, r1 = r0 + 8;
-    const float b0 = w.bias ? w.bias[expert * w.rows + r0] : 0.0f;
-    const float b1 = w.bias ? w.bias[expert * w.rows + r1] : 0.0f;
-#pragma unroll
-    for (int ni = 0; ni < Cfg::NT; ++ni) {
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const int r = wn * Cfg::WN + ni * 8 + 2 * t4 + h;
-        if (r >= td.count) continue;
-        const float v0 = acc[mi][ni][h] + b0, v1 = acc[mi][ni][2 + h] + b1;
-        if (ep == epilogue_kind::gate_up_activation) {
-          const int64_t inter = w.rows / 2;
-          const int64_t j_out = static_cast<int64_t>(rt) * 8 + g;
-          ws.act[static_cast<int64_t>(td.start + r) * inter + j_out] = float_to_bf16(activate(v0, v1, act));
-        } else {
-          const int pair = row_pair[r];
-          const float wt = ws.weights[pair];
-          uint16_t* y = ws.ybuf + static_cast<int64_t>(pair) * w.rows;
-          y[r0] = float_to_bf16(v0 * wt);
-          y[r1] = float_to_bf16(v1 * wt);
-        }
-      }
-    }
+    if (rt < row_tiles) detail::store_row_tile<Cfg::NT>(acc[mi], rt, wn * Cfg::WN, td, row_pair, w, ws, ep, act);
   }
   __syncthreads();  // the next tile reuses shared memory
 }
@@ -294,6 +245,8 @@ __global__ void __launch_bounds__(Cfg::THREADS, Cfg::WGMMA ? 2 : 3)
   extern __shared__ uint8_t smem_raw[];
   // wgmma's 128-byte swizzle is a function of address bits 4..9: stages start 1024-aligned.
   uint8_t* smem = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t{1023});
+  detail::wait_for_previous_grid();
+  detail::allow_dependent_launch();
   const int num_tiles = *ws.num_tiles;
   for (int tile_id = blockIdx.y; tile_id < num_tiles; tile_id += gridDim.y)
     gemm_tile_body<Cfg>(smem, ws.tiles[tile_id], w, b_rows, ws, top_k, ep, act);
@@ -311,12 +264,13 @@ cudaError_t allow_gemm_smem() {
 }
 
 template <class Cfg>
-void launch_gemm_with(const gemm_weights& w, const uint16_t* b_rows, const moe_workspace& ws, int top_k,
-                      epilogue_kind ep, const activation_config& act, int64_t max_tiles, cudaStream_t stream) {
+void launch_gemm_with(const gemm_launch& l, const gemm_weights& w, const uint16_t* b_rows, const moe_workspace& ws,
+                      int top_k, epilogue_kind ep, const activation_config& act, cudaStream_t stream) {
   const layout::sm90_fragment frag{w.rows, w.cols};
   const dim3 grid(static_cast<unsigned>(layout::ceil_div(frag.row_tiles(), Cfg::A_TILES)),
-                  static_cast<unsigned>(max_tiles < 65535 ? max_tiles : 65535));
-  moe_gemm_kernel<Cfg><<<grid, Cfg::THREADS, Cfg::SMEM_BYTES, stream>>>(w, b_rows, ws, top_k, ep, act);
+                  static_cast<unsigned>(l.max_tiles < 65535 ? l.max_tiles : 65535));
+  launch_pdl(moe_gemm_kernel<Cfg>, grid, dim3(Cfg::THREADS), Cfg::SMEM_BYTES, stream, l.dependent, w, b_rows, ws,
+             top_k, ep, act);
 }
 
 }  // namespace mxmoe::cuda::sm90

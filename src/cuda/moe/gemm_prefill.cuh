@@ -34,8 +34,12 @@
 // them with tokens_per_tile = NMAX. Two instantiations (one translation unit each):
 // prefill_narrow_tile for up to 48 pairs per expert (weight streaming: deep weight ring),
 // prefill_wide_tile above.
-// Run through cuda::moe_layer (moe_layer.cu's pick_prefill); tests: tests/gpu/
-// test_gpu_moe_prefill.cpp; timing: bench_moe.
+// A programmatic dependent launch (pdl.cuh): every CTA waits for the previous kernel after
+// initialising its barriers, before any global memory access.
+// Experimental: run only with MXMOE_MOE_PATH=prefill (moe_layer.cu's pick_config, where the
+// default runs gemm.cuh's wgmma tiles), which it is slower than so far (docs/performance.md,
+// "2026-12-01"). Tests: tests/gpu/test_gpu_moe_prefill.cpp (they set the switch); timing:
+// MXMOE_MOE_PATH=prefill bench_moe.
 #pragma once
 
 #include <cuda.h>
@@ -54,6 +58,7 @@
 #include "dequant.cuh"
 #include "kernels.h"
 #include "mma.cuh"
+#include "pdl.cuh"
 #include "prefill_epilogue.cuh"
 #include "prefill_pipeline.cuh"
 #include "prefill_schedule.cuh"
@@ -107,12 +112,11 @@ struct prefill_maps {
 
 cudaError_t allow_prefill_smem_narrow();
 cudaError_t allow_prefill_smem_wide();
-void launch_gemm_prefill_narrow(const gemm_weights&, const prefill_maps<prefill_narrow_tile::WIDTHS>&,
-                                const moe_workspace&, epilogue_kind, const activation_config&, int64_t, int,
-                                cudaStream_t);
-void launch_gemm_prefill_wide(const gemm_weights&, const prefill_maps<prefill_wide_tile::WIDTHS>&,
-                              const moe_workspace&, epilogue_kind, const activation_config&, int64_t, int,
-                              cudaStream_t);
+void launch_gemm_prefill_narrow(const gemm_launch&, const gemm_weights&,
+                                const prefill_maps<prefill_narrow_tile::WIDTHS>&, const moe_workspace&, epilogue_kind,
+                                const activation_config&, int sms, cudaStream_t);
+void launch_gemm_prefill_wide(const gemm_launch&, const gemm_weights&, const prefill_maps<prefill_wide_tile::WIDTHS>&,
+                              const moe_workspace&, epilogue_kind, const activation_config&, int sms, cudaStream_t);
 
 template <class Cfg>
 struct prefill_smem {
@@ -340,6 +344,10 @@ __global__ void __launch_bounds__(Cfg::THREADS, 1)
     detail::barrier_init_fence();
   }
   __syncthreads();
+  // Programmatic dependent launch (pdl.cuh): the tile list, the B rows and the outputs belong to
+  // the kernels before; nothing global is touched before this.
+  detail::wait_for_previous_grid();
+  detail::allow_dependent_launch();
   const prefill_grid pg = make_prefill_grid<Cfg::ROW_TILES>(w, ws);
   if (warp == Cfg::WEIGHT_WARP) {
     if (lane == 0) {
@@ -366,13 +374,14 @@ cudaError_t allow_prefill_smem() {
 
 // One persistent CTA per SM, never more than the work items the schedule can make.
 template <class Cfg>
-void launch_gemm_prefill_with(const gemm_weights& w, const prefill_maps<Cfg::WIDTHS>& maps, const moe_workspace& ws,
-                              epilogue_kind ep, const activation_config& act, int64_t max_tiles, int sms,
+void launch_gemm_prefill_with(const gemm_launch& l, const gemm_weights& w, const prefill_maps<Cfg::WIDTHS>& maps,
+                              const moe_workspace& ws, epilogue_kind ep, const activation_config& act, int sms,
                               cudaStream_t stream) {
   const layout::sm90_fragment frag{w.rows, w.cols};
-  const int64_t items = max_tiles * layout::ceil_div(frag.row_tiles(), Cfg::ROW_TILES);
+  const int64_t items = l.max_tiles * layout::ceil_div(frag.row_tiles(), Cfg::ROW_TILES);
   const unsigned grid = static_cast<unsigned>(std::max<int64_t>(1, std::min<int64_t>(sms, items)));
-  moe_gemm_prefill_kernel<Cfg><<<grid, Cfg::THREADS, Cfg::SMEM_BYTES, stream>>>(maps, w, ws, ep, act);
+  launch_pdl(moe_gemm_prefill_kernel<Cfg>, dim3(grid), dim3(Cfg::THREADS), Cfg::SMEM_BYTES, stream, l.dependent, maps,
+             w, ws, ep, act);
 }
 
 }  // namespace mxmoe::cuda::sm90

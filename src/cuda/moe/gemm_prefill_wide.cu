@@ -5,10 +5,10 @@
 
 namespace mxmoe::cuda::sm90 {
 
-void launch_gemm_prefill_wide(const gemm_weights& w, const prefill_maps<prefill_wide_tile::WIDTHS>& maps,
-                              const moe_workspace& ws, epilogue_kind ep, const activation_config& act,
-                              int64_t max_tiles, int sms, cudaStream_t stream) {
-  launch_gemm_prefill_with<prefill_wide_tile>(w, maps, ws, ep, act, max_tiles, sms, stream);
+void launch_gemm_prefill_wide(const gemm_launch& l, const gemm_weights& w,
+                                const prefill_maps<prefill_wide_tile::WIDTHS>& maps, const moe_workspace& ws,
+                                epilogue_kind ep, const activation_config& act, int sms, cudaStream_t stream) {
+  launch_gemm_prefill_with<prefill_wide_tile>(l, w, maps, ws, ep, act, sms, stream);
 }
 
 cudaError_t allow_prefill_smem_wide() { return allow_prefill_smem<prefill_wide_tile>(); }

@@ -3,14 +3,17 @@
 // GEMMs (gemm_*.cu) and the combine (combine.cu).
 //
 // Data flow of one forward (T tokens, k slots, E experts; "pair" p = t*k + j):
-//   route / import ids  -> ids[p], weights[p], counts[e] (atomics), pos[p] (rank within expert)
-//   schedule            -> offsets[e] (exclusive scan), tiles[] = (expert, start, count) of at
-//                          most BN pairs each, in expert order; num_tiles
-//   scatter             -> sorted[offsets[e] + pos[p]] = p
-//   (prefill: gather    -> ybuf as [sorted position, H] = x[sorted[s] / k], GEMM1's B rows)
+//   routing and schedule -> ids[p], weights[p]; offsets[e] (exclusive scan of the pairs per
+//                           expert); tiles[] = (expert, start, count) of at most BN pairs each,
+//                           in expert order; num_tiles; sorted[offsets[e] + rank] = p.
+//                           Up to kPlanMaxPairs pairs: [route] + plan (one CTA, no memset);
+//                           more: memset, route / import (counts[e], pos[p] by atomics),
+//                           schedule, scatter (routing.cu).
+//   (prefill path: gather -> ybuf as [sorted position, H] = x[sorted[s] / k], GEMM1's B rows)
 //   GEMM1 (+act)        -> act[s, I] bf16 for sorted position s
 //   GEMM2 (*w, +b2)     -> ybuf[p, H] bf16 (routing weight applied)
 //   combine             -> out[t, H] = sum_j ybuf[t*k + j]   (fixed order: deterministic)
+// Every kernel but the four-step routing is a programmatic dependent launch (pdl.cuh).
 // The order of pairs inside an expert comes from atomics and may differ between calls; the
 // result does not, since every output column of an mma is computed independently of the others.
 #pragma once
@@ -55,45 +58,97 @@ struct gemm_weights {
 
 enum class epilogue_kind : int { gate_up_activation, weighted_down };
 
+// Tile shapes the launcher can pick from.
+//   decode: gemm_decode.cuh (weights streamed by each warp through a cp.async ring, mma.sync;
+//           BN = 8, 16 or 32 tokens, K optionally split over the CTA's warps); needs the one-CTA
+//           plan (<= kPlanMaxPairs).
+//   mid, large: gemm.cuh (wgmma, 64 / 128 tokens).
+//   legacy_decode: gemm.cuh's mma.sync tile of 16 tokens (the decode path before gemm_decode.cuh;
+//           kept selectable, see docs/moe_layer.md).
+//   prefill_narrow, prefill_wide: gemm_prefill.cuh (persistent, warp-specialized, TMA rings,
+//           wgmma N per tile; up to 64 / 176 tokens); experimental, selected only by
+//           MXMOE_MOE_PATH=prefill (docs/moe_layer.md). Their B rows are contiguous in sorted
+//           order (row s = sorted position s): GEMM1 reads x gathered by launch_gather_sorted_rows.
+enum class gemm_config : int { decode, mid, large, legacy_decode, prefill_narrow, prefill_wide };
+int gemm_tokens_per_tile(gemm_config c);  // BN (for decode: the largest, 32)
 
-// Tile shapes the launcher can pick from (one instantiation per translation unit).
-enum class gemm_config : int { decode, mid, large };
-int gemm_tokens_per_tile(gemm_config c);  // BN
+// How one GEMM launch runs.
+struct gemm_launch {
+  gemm_config config = gemm_config::mid;
+  int tokens_per_tile = 64;    // BN the schedule used (decode: 8, 16 or 32)
+  int64_t max_tiles = 0;       // grid bound on the scheduled tiles
+  int k_groups = 1;            // decode: warps of a CTA splitting K (1, 2 or 4, <= 32 / BN)
+  bool early_weights = false;  // decode: start copying weights before waiting for the previous kernel
+                               // (the tile list was written two kernels back: GEMM2)
+  bool dependent = true;       // programmatic dependent launch
+  int64_t experts = 0;         // prefill: experts in the weights, and
+  int64_t b_row_count = 0;     // the rows of b_rows (T·k): the extents of the kernel's tensor maps
+};
 
 // Raises the kernels' shared-memory limit; call once before launching (not while capturing).
 void prepare_gemm_kernels();
-void launch_gemm(gemm_config c, const gemm_weights& w, const uint16_t* b_rows, const moe_workspace& ws,
-                 int top_k, epilogue_kind ep, const activation_config& act, int64_t max_tiles,
-                 cudaStream_t stream);
+// The same for the prefill GEMMs, and looks the driver's tensor-map encoder up; only where they run.
+void prepare_prefill_kernels();
+void launch_gemm(const gemm_launch& l, const gemm_weights& w, const uint16_t* b_rows, const moe_workspace& ws,
+                 int top_k, epilogue_kind ep, const activation_config& act, cudaStream_t stream);
+// Decode GEMM CTAs resident per SM (for the host's choice of k_groups).
+int decode_ctas_per_sm();
+// Warps per decode CTA; a CTA covers 16 * kDecodeWarps / k_groups weight rows.
+inline constexpr int kDecodeWarps = 8;
 
-// Prefill and the 512–2048-token transition (gemm_prefill.cuh): persistent warp-specialized
-// GEMMs whose B rows are contiguous in expert-sorted order (row s = sorted position s).
-enum class prefill_config : int { narrow, wide };
-int prefill_tokens_per_tile(prefill_config c);  // tokens_per_tile of the schedule
-void prepare_prefill_kernels();                 // like prepare_gemm_kernels
-void launch_gemm_prefill(prefill_config c, const gemm_weights& w, int64_t experts, const uint16_t* b_rows,
-                         int64_t b_row_count, const moe_workspace& ws, epilogue_kind ep, const activation_config& act,
-                         int64_t max_tiles, cudaStream_t stream);
-// rows[s, :] = x[sorted[s] / top_k, :] for the valid sorted positions (gather_rows.cu).
+// rows[s, :] = x[sorted[s] / top_k, :] for the valid sorted positions (gather_rows.cu): GEMM1's
+// B rows for the prefill GEMMs. A programmatic dependent launch.
 void launch_gather_sorted_rows(const uint16_t* x, int64_t pairs, int top_k, int64_t hidden, int64_t experts,
                                const moe_workspace& ws, uint16_t* rows, cudaStream_t stream);
 
-// Routing from logits (f32 or bf16 [T, E]); fills ids, weights, counts, pos.
+// ---- routing ----
+inline constexpr int64_t kPlanMaxPairs = 8192;   // pairs the one-CTA plan handles (rank < 2^16)
+inline constexpr int kPlanThreads = 512;          // one per expert (E <= 512)
+inline constexpr int kPlanRouteMaxTokens = kPlanThreads / 32;  // the plan routes itself up to this T
+inline constexpr int kPlanRouteMaxExperts = 256;                // ... and this E
+inline constexpr size_t kPlanMaxSmemBytes = 160 * 1024;
+
+enum class plan_source : int {
+  route_kernel,  // ids / weights in the workspace, from launch_route(count_pairs = false)
+  precomputed,   // caller-provided ids / weights (range-checked, copied)
+  route,         // logits: the plan kernel routes (plan_can_route)
+};
+struct plan_args {
+  plan_source source = plan_source::route_kernel;
+  const void* logits = nullptr;  // route
+  bool logits_bf16 = false;
+  const float* correction_bias = nullptr;
+  routing_config r;  // top_k always; the rest for route
+  const int32_t* ids = nullptr;  // precomputed
+  const float* weights = nullptr;
+  int tokens = 0, experts = 0, tokens_per_tile = 0;
+  int64_t max_tiles = 0;
+};
+bool plan_can_route(int64_t tokens, int64_t experts);
+void prepare_plan_kernel();
+void launch_plan(const plan_args& a, const moe_workspace& ws, cudaStream_t stream);
+
+// Routing from logits (f32 or bf16 [T, E]); fills ids, weights (and with count_pairs counts, pos).
 void launch_route(const void* logits, bool logits_bf16, const float* correction_bias, const routing_config& r,
-                  int64_t tokens, int64_t experts, const moe_workspace& ws, cudaStream_t stream);
-// Precomputed ids/weights: copies them, counts, flags out-of-range ids.
+                  int64_t tokens, int64_t experts, bool count_pairs, bool dependent, const moe_workspace& ws,
+                  cudaStream_t stream);
+// Precomputed ids/weights: copies them, counts, flags out-of-range ids (four-step path).
 void launch_import_routing(const int32_t* ids, const float* weights, int64_t tokens, int top_k, int64_t experts,
                            const moe_workspace& ws, cudaStream_t stream);
 void launch_schedule(int64_t experts, int tokens_per_tile, int64_t max_tiles, const moe_workspace& ws,
                      cudaStream_t stream);
 void launch_scatter(int64_t pairs, const moe_workspace& ws, cudaStream_t stream);
 void launch_combine(int64_t tokens, int top_k, int64_t hidden, const moe_workspace& ws, uint16_t* out,
-                    cudaStream_t stream);
+                    bool dependent, cudaStream_t stream);
 
 // Checkpoint layout (device memory, one expert) -> sm90 fragment layout (device memory).
 // GEMM1 passes its layout::gate_up_rows; GEMM2 passes has_gate_up = false (rows kept in order).
 void launch_repack_expert(const uint8_t* ckpt_blocks, const uint8_t* ckpt_scales, int64_t rows, int64_t cols,
                           bool has_gate_up, layout::gate_up_rows gate_up, uint8_t* codes, uint8_t* scales,
                           cudaStream_t stream);
+// A bias [experts, rows] (bf16, f16 or f32, device memory) -> float [experts, rows] in kernel row
+// order (GEMM1: layout::gate_up_rows; otherwise rows kept in order).
+void launch_prepare_bias(const void* src, dtype type, int64_t experts, int64_t rows, bool has_gate_up,
+                         layout::gate_up_rows gate_up, float* dst, cudaStream_t stream);
 
 }  // namespace mxmoe::cuda::sm90

@@ -1,6 +1,7 @@
 // moe/mma.cuh — the tensor-core and copy primitives the MoE GEMMs issue: cp.async with zero
-// fill, the wgmma shared-memory descriptor of a 128-byte-swizzled K-major bf16 tile, and the
-// wgmma m64nNk16 (A from registers) calls, through CuTe's wrappers.
+// fill, cp.async of weights with an L2 evict-first policy (weights are read once per forward and
+// should not push the activations out of L2), ldmatrix by shared address, the wgmma shared-memory descriptor of a 128-byte-swizzled K-major bf16 tile,
+// and the wgmma m64nNk16 (A from registers) calls, through CuTe's wrappers.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -17,6 +18,32 @@ namespace mxmoe::cuda::sm90::detail {
 __device__ __forceinline__ void cp_async_16(void* smem, const void* gmem, bool pred) {
   cute::SM80_CP_ASYNC_CACHEGLOBAL_ZFILL<cute::uint128_t>::copy(
       *static_cast<const cute::uint128_t*>(gmem), *static_cast<cute::uint128_t*>(smem), pred);
+}
+
+// An L2 policy that evicts the lines it touches first.
+__device__ __forceinline__ uint64_t l2_evict_first_policy() {
+  uint64_t p;
+  asm("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(p));
+  return p;
+}
+
+// cp.async of 16 bytes by shared address; with pred false nothing is read and 16 zero bytes land.
+__device__ __forceinline__ void cp_async_16_zfill(uint32_t smem_addr, const void* gmem, bool pred) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(smem_addr), "l"(gmem), "r"(pred ? 16 : 0)
+               : "memory");
+}
+
+// cp.async of 16 bytes of weights (read once per forward) with that L2 policy, bypassing L1.
+__device__ __forceinline__ void cp_async_16_stream(uint32_t smem_addr, const void* gmem, uint64_t policy) {
+  asm volatile("cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %2;" ::"r"(smem_addr), "l"(gmem), "l"(policy)
+               : "memory");
+}
+
+// ldmatrix .x4 (four 8x8 b16 matrices; lane l gives the row address of matrix l / 8).
+__device__ __forceinline__ void ldsm_x4(uint32_t smem_addr, uint32_t& r0, uint32_t& r1, uint32_t& r2, uint32_t& r3) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
+               : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3)
+               : "r"(smem_addr));
 }
 
 // wgmma descriptor of a K-major, 128-byte-swizzled bf16 tile (8-row atoms 1024 bytes apart).

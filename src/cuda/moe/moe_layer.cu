@@ -4,9 +4,8 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
-#include <cstring>
+#include <cstdlib>
 #include <string>
-#include <vector>
 
 #include "check.h"
 #include "mxmoe/cuda.h"
@@ -23,49 +22,75 @@ using sm90::gemm_config;
 constexpr size_t kAlign = 256;
 size_t align_up(size_t v) { return (v + kAlign - 1) / kAlign * kAlign; }
 
-// Tokens per touched expert if routing were uniform decides the tile shape (host-known: no sync).
-gemm_config pick_config(int64_t tokens, int top_k, int64_t experts) {
+// The launch sequence, from MXMOE_MOE_PATH (read once per layer, when it is constructed):
+//   unset or "default": pick_config's tiles below;
+//   "legacy": the sequence before the decode GEMM and the one-CTA plan (memset, four routing
+//     kernels, gemm.cuh's 16-token mma.sync tile, plain launches): for A/B measurements and as a
+//     fallback;
+//   "prefill": experimental: the persistent warp-specialized GEMMs of gemm_prefill.cuh wherever
+//     the default runs gemm.cuh's wgmma tiles (x gathered into sorted order first). Slower than
+//     those at every shape measured so far (docs/performance.md, "2026-12-01"): for A/B
+//     measurements and the work on that kernel; its tests set it.
+enum class moe_path { standard, legacy, prefill };
+
+moe_path requested_path() {
+  const char* v = std::getenv("MXMOE_MOE_PATH");
+  if (v == nullptr || *v == '\0') return moe_path::standard;
+  const std::string s(v);
+  MXMOE_CHECK_ARG(s == "default" || s == "legacy" || s == "prefill", "MXMOE_MOE_PATH",
+                  "unset, 'default', 'legacy' or 'prefill'", s);
+  return s == "legacy" ? moe_path::legacy : s == "prefill" ? moe_path::prefill : moe_path::standard;
+}
+
+// The tile shape of both GEMMs, from the tokens per touched expert if routing were uniform
+// (host-known: no sync). The one place that chooses; a new kernel is hooked in here.
+gemm_config pick_config(int64_t tokens, int top_k, int64_t experts, moe_path path) {
   const int64_t pairs = tokens * top_k;
   const int64_t per_expert = pairs / std::max<int64_t>(1, std::min(experts, pairs));
-  if (per_expert <= 16) return gemm_config::decode;
+  if (path == moe_path::legacy)
+    return per_expert <= 16 ? gemm_config::legacy_decode : per_expert <= 64 ? gemm_config::mid : gemm_config::large;
+  if (pairs <= sm90::kPlanMaxPairs && per_expert <= 20) return gemm_config::decode;
+  // The prefill GEMMs' narrow tiles (64 pairs, deep weight ring) where experts get few pairs.
+  if (path == moe_path::prefill) return per_expert <= 48 ? gemm_config::prefill_narrow : gemm_config::prefill_wide;
   if (per_expert <= 64) return gemm_config::mid;
   return gemm_config::large;
 }
 
-// Not selected by default yet: the first version of the prefill kernels measured slower than
-// pick_config's tiles at every benchmark point (copy-engine bound), the current one (few large
-// copies) is not measured yet (docs/performance.md, "2026-12-01"). Set to true to run them.
-constexpr bool kSelectPrefillKernels = false;
-
-// The prefill kernels (gemm_prefill.cuh) from 512 tokens on once experts get more than 8 pairs
-// (the 512–2048 transition: narrow, up to 48; wide above), and wherever experts get more than 64
-// pairs (where the large tile runs now). false: pick_config's tiles.
-bool pick_prefill(int64_t tokens, int top_k, int64_t experts, sm90::prefill_config* pc) {
-  if (!kSelectPrefillKernels) return false;
-  const int64_t pairs = tokens * top_k;
-  const int64_t per_expert = pairs / std::max<int64_t>(1, std::min(experts, pairs));
-  if (per_expert <= 64 && (tokens < 512 || per_expert <= 8)) return false;
-  *pc = per_expert <= 48 ? sm90::prefill_config::narrow : sm90::prefill_config::wide;
-  return true;
-}
+// Tokens per tile of the decode GEMM: a tile never holds more than T pairs (a token picks an
+// expert once), so the smallest of 8, 16, 32 that holds T, or 32.
+int decode_tokens_per_tile(int64_t tokens) { return tokens <= 8 ? 8 : tokens <= 16 ? 16 : 32; }
 
 // Upper bound of the tile count: sum_e ceil(c_e / BN) <= pairs / BN + min(E, pairs).
 int64_t max_tiles(int64_t pairs, int64_t experts, int bn) { return pairs / bn + std::min(experts, pairs); }
+
+// Warps of a decode CTA splitting K: as many as keep the CTAs of the (at most min(E, pairs))
+// tiles resident at once and leave every K group >= 8 fragment tiles (the two stages in flight),
+// so that small T still has ~4 KB of weights in flight per resident warp.
+int decode_k_groups(int bn, int64_t est_tiles, int64_t rows, int64_t cols, int64_t resident_warps) {
+  const layout::sm90_fragment frag{rows, cols};
+  int kg = 1;
+  while (2 * kg * bn <= 32) {
+    const int next = 2 * kg;
+    const int64_t ctas = layout::ceil_div(frag.row_tiles(), sm90::kDecodeWarps / next) * est_tiles;
+    if (frag.col_tiles() < 8 * next || ctas * sm90::kDecodeWarps > resident_warps) break;
+    kg = next;
+  }
+  return kg;
+}
 
 struct workspace_plan {
   size_t counts, offsets, num_tiles, error_flag, tiles, ids, weights, pos, sorted, act, ybuf, total;
   workspace_plan(int64_t tokens, const moe_config& c) {
     const size_t pairs = static_cast<size_t>(tokens * c.routing.top_k);
     const size_t e = static_cast<size_t>(c.shape.experts);
-    const size_t tiles_n = static_cast<size_t>(max_tiles(static_cast<int64_t>(pairs), c.shape.experts,
-                                                         sm90::gemm_tokens_per_tile(gemm_config::decode)));
+    const size_t tiles_n = static_cast<size_t>(max_tiles(static_cast<int64_t>(pairs), c.shape.experts, 8));
     size_t o = 0;
     auto take = [&](size_t bytes) {
       const size_t at = o;
       o = align_up(o + bytes);
       return at;
     };
-    // counts .. error_flag are contiguous so that one memset clears them.
+    // counts .. error_flag are contiguous so that one memset clears them (four-step path).
     counts = take(e * 4);
     offsets = counts + e * 4;
     num_tiles = offsets + (e + 1) * 4;
@@ -92,32 +117,27 @@ struct workspace_plan {
   }
 };
 
-// A small host tensor (bias, correction bias) as float, wherever it lives.
-std::vector<float> host_floats(const tensor_view& v) {
-  const size_t n = static_cast<size_t>(v.numel());
-  std::vector<uint8_t> raw(v.nbytes());
-  if (v.device == device_kind::cuda)
-    MXMOE_CUDA_CHECK(cudaMemcpy(raw.data(), v.data, raw.size(), cudaMemcpyDeviceToHost));
-  else
-    std::memcpy(raw.data(), v.data, raw.size());
-  std::vector<float> out(n);
-  for (size_t i = 0; i < n; ++i) {
-    if (v.type == dtype::f32) {
-      std::memcpy(&out[i], raw.data() + 4 * i, 4);
-    } else {
-      uint16_t h;
-      std::memcpy(&h, raw.data() + 2 * i, 2);
-      out[i] = v.type == dtype::bf16 ? bf16_to_float(h) : f16_to_float(h);
-    }
+// A bias as float [experts, rows] in kernel row order, on the device, from wherever it lives
+// (host memory is uploaded as it is and converted there too).
+device_buffer prepare_bias(const tensor_view& v, int64_t experts, int64_t rows, bool has_gate_up,
+                           const layout::gate_up_rows& gate_up) {
+  device_buffer staged;
+  const void* src = v.data;
+  if (v.device != device_kind::cuda) {
+    staged = device_buffer(v.nbytes());
+    staged.upload(v.data, v.nbytes());
+    src = staged.data();
   }
+  device_buffer out(static_cast<size_t>(experts * rows) * 4);
+  sm90::launch_prepare_bias(src, v.type, experts, rows, has_gate_up, gate_up, static_cast<float*>(out.data()), nullptr);
+  MXMOE_CUDA_CHECK(cudaStreamSynchronize(nullptr));  // `staged` is freed on return
   return out;
 }
 
-void check_device_view(const tensor_view& v, const char* name) {
-  MXMOE_CHECK_ARG(v.device == device_kind::cuda, name, "a cuda tensor", "a cpu tensor");
+// A kernel operand: on this device (check.h), contiguous, 16-byte aligned (the kernels' vector loads).
+void check_operand(const tensor_view& v, const char* name, int device) {
+  check_device_view(v, name, device, 16);
   MXMOE_CHECK_ARG(v.contiguous(), name, "a contiguous tensor", "strides " + shape_string(v.strides));
-  MXMOE_CHECK_ARG(reinterpret_cast<uintptr_t>(v.data) % 16 == 0, name, "16-byte aligned data",
-                  "address % 16 = " + std::to_string(reinterpret_cast<uintptr_t>(v.data) % 16));
 }
 
 }  // namespace
@@ -126,6 +146,8 @@ struct moe_layer::impl {
   moe_config cfg;
   layout::sm90_fragment frag13, frag2;
   device_buffer codes13, scales13, codes2, scales2, bias13, bias2, correction;
+  moe_path path = moe_path::standard;
+  int64_t decode_resident_warps = 0;  // decode GEMM warps resident at once on the device
 };
 
 moe_layer::moe_layer(const moe_weights& w, const moe_config& cfg) : impl_(std::make_unique<impl>()) {
@@ -136,8 +158,13 @@ moe_layer::moe_layer(const moe_weights& w, const moe_config& cfg) : impl_(std::m
   const int64_t E = cfg.shape.experts, H = cfg.shape.hidden, I = cfg.shape.intermediate;
   impl& m = *impl_;
   m.cfg = cfg;
+  m.path = requested_path();
   sm90::prepare_gemm_kernels();
-  sm90::prepare_prefill_kernels();
+  if (m.path == moe_path::prefill) sm90::prepare_prefill_kernels();
+  sm90::prepare_plan_kernel();
+  int sms = 0;
+  MXMOE_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, current_device()));
+  m.decode_resident_warps = int64_t{sms} * sm90::decode_ctas_per_sm() * sm90::kDecodeWarps;
   m.frag13 = {2 * I, H};
   m.frag2 = {H, I};
   m.codes13 = device_buffer(static_cast<size_t>(E * m.frag13.weight_bytes()));
@@ -181,24 +208,9 @@ moe_layer::moe_layer(const moe_weights& w, const moe_config& cfg) : impl_(std::m
   }
   MXMOE_CUDA_CHECK(cudaDeviceSynchronize());
 
-  if (!w.gate_up_bias.empty()) {  // to kernel row order, float
-    const std::vector<float> b = host_floats(w.gate_up_bias);
-    std::vector<float> k(b.size());
-    for (int64_t e = 0; e < E; ++e)
-      for (int64_t r = 0; r < 2 * I; ++r) k[e * 2 * I + r] = b[e * 2 * I + gate_up.kernel_to_checkpoint(r)];
-    m.bias13 = device_buffer(k.size() * 4);
-    m.bias13.upload(k.data(), k.size() * 4);
-  }
-  if (!w.down_bias.empty()) {
-    const std::vector<float> b = host_floats(w.down_bias);
-    m.bias2 = device_buffer(b.size() * 4);
-    m.bias2.upload(b.data(), b.size() * 4);
-  }
-  if (!w.correction_bias.empty()) {
-    const std::vector<float> b = host_floats(w.correction_bias);
-    m.correction = device_buffer(b.size() * 4);
-    m.correction.upload(b.data(), b.size() * 4);
-  }
+  if (!w.gate_up_bias.empty()) m.bias13 = prepare_bias(w.gate_up_bias, E, 2 * I, true, gate_up);
+  if (!w.down_bias.empty()) m.bias2 = prepare_bias(w.down_bias, E, H, false, gate_up);
+  if (!w.correction_bias.empty()) m.correction = prepare_bias(w.correction_bias, 1, E, false, gate_up);
 }
 
 moe_layer::~moe_layer() = default;
@@ -234,8 +246,9 @@ void moe_layer::forward(const tensor_view& x, const routing_input& routing, cons
   const int64_t E = c.shape.experts, H = c.shape.hidden, I = c.shape.intermediate;
   const int k = c.routing.top_k;
 
-  check_device_view(x, "x");
-  check_device_view(out, "out");
+  const int device = current_device();
+  check_operand(x, "x", device);
+  check_operand(out, "out", device);
   MXMOE_CHECK_ARG(x.type == dtype::bf16, "x", "dtype bf16", to_string(x.type));
   MXMOE_CHECK_ARG(out.type == dtype::bf16, "out", "dtype bf16", to_string(out.type));
   validate_moe_io(x, out, c);
@@ -243,12 +256,12 @@ void moe_layer::forward(const tensor_view& x, const routing_input& routing, cons
   MXMOE_CHECK_ARG(T <= 65536, "x", "at most 65536 tokens", std::to_string(T));
   const bool precomputed = !routing.ids.empty();
   if (precomputed) {
-    check_device_view(routing.ids, "routing.ids");
-    check_device_view(routing.weights, "routing.weights");
+    check_operand(routing.ids, "routing.ids", device);
+    check_operand(routing.weights, "routing.weights", device);
   } else {
     MXMOE_CHECK_ARG(!routing.logits.empty(), "routing", "logits [T, E] or ids and weights [T, k] on the device",
                     "nothing");
-    check_device_view(routing.logits, "routing.logits");
+    check_operand(routing.logits, "routing.logits", device);
   }
   validate_routing_input(routing, c, T);
   const workspace_plan plan(T, c);
@@ -262,20 +275,46 @@ void moe_layer::forward(const tensor_view& x, const routing_input& routing, cons
   cudaStream_t stream = static_cast<cudaStream_t>(stream_ptr);
   const sm90::moe_workspace ws = plan.bind(workspace);
   const int64_t pairs = T * k;
-  const gemm_config gc = pick_config(T, k, E);
-  sm90::prefill_config pc{};
-  const bool prefill = pick_prefill(T, k, E, &pc);
-  const int bn = prefill ? sm90::prefill_tokens_per_tile(pc) : sm90::gemm_tokens_per_tile(gc);
+  const bool legacy = m.path == moe_path::legacy;
+  const gemm_config gc = pick_config(T, k, E, m.path);
+  const bool decode = gc == gemm_config::decode;
+  const bool prefill = gc == gemm_config::prefill_narrow || gc == gemm_config::prefill_wide;
+  const int bn = decode ? decode_tokens_per_tile(T) : sm90::gemm_tokens_per_tile(gc);
   const int64_t tiles = max_tiles(pairs, E, bn);
 
-  MXMOE_CUDA_CHECK(cudaMemsetAsync(ws.counts, 0, plan.clear_bytes(), stream));
-  if (precomputed)
-    sm90::launch_import_routing(routing.ids.as<const int32_t>(), routing.weights.as<const float>(), T, k, E, ws, stream);
-  else
-    sm90::launch_route(routing.logits.data, routing.logits.type == dtype::bf16,
-                       static_cast<const float*>(m.correction.data()), c.routing, T, E, ws, stream);
-  sm90::launch_schedule(E, bn, tiles, ws, stream);
-  sm90::launch_scatter(pairs, ws, stream);
+  if (!legacy && pairs <= sm90::kPlanMaxPairs) {  // routing bookkeeping by the one-CTA plan
+    sm90::plan_args a;
+    a.r = c.routing;
+    a.tokens = static_cast<int>(T);
+    a.experts = static_cast<int>(E);
+    a.tokens_per_tile = bn;
+    a.max_tiles = tiles;
+    if (precomputed) {
+      a.source = sm90::plan_source::precomputed;
+      a.ids = routing.ids.as<const int32_t>();
+      a.weights = routing.weights.as<const float>();
+    } else if (sm90::plan_can_route(T, E)) {
+      a.source = sm90::plan_source::route;
+      a.logits = routing.logits.data;
+      a.logits_bf16 = routing.logits.type == dtype::bf16;
+      a.correction_bias = static_cast<const float*>(m.correction.data());
+    } else {
+      a.source = sm90::plan_source::route_kernel;
+      sm90::launch_route(routing.logits.data, routing.logits.type == dtype::bf16,
+                         static_cast<const float*>(m.correction.data()), c.routing, T, E, false, true, ws, stream);
+    }
+    sm90::launch_plan(a, ws, stream);
+  } else {  // the four-step path: counters cleared, then route / import, schedule, scatter
+    MXMOE_CUDA_CHECK(cudaMemsetAsync(ws.counts, 0, plan.clear_bytes(), stream));
+    if (precomputed)
+      sm90::launch_import_routing(routing.ids.as<const int32_t>(), routing.weights.as<const float>(), T, k, E, ws,
+                                  stream);
+    else
+      sm90::launch_route(routing.logits.data, routing.logits.type == dtype::bf16,
+                         static_cast<const float*>(m.correction.data()), c.routing, T, E, true, false, ws, stream);
+    sm90::launch_schedule(E, bn, tiles, ws, stream);
+    sm90::launch_scatter(pairs, ws, stream);
+  }
 
   const sm90::gemm_weights w13{static_cast<const uint8_t*>(m.codes13.data()), static_cast<const uint8_t*>(m.scales13.data()),
                                static_cast<const float*>(m.bias13.data()), 2 * I, H, m.frag13.weight_bytes(),
@@ -283,18 +322,28 @@ void moe_layer::forward(const tensor_view& x, const routing_input& routing, cons
   const sm90::gemm_weights w2{static_cast<const uint8_t*>(m.codes2.data()), static_cast<const uint8_t*>(m.scales2.data()),
                               static_cast<const float*>(m.bias2.data()), H, I, m.frag2.weight_bytes(),
                               m.frag2.scale_bytes()};
-  if (prefill) {  // GEMM1's rows gathered into ybuf, which GEMM2 then overwrites
-    sm90::launch_gather_sorted_rows(x.as<const uint16_t>(), pairs, k, H, E, ws, ws.ybuf, stream);
-    sm90::launch_gemm_prefill(pc, w13, E, ws.ybuf, pairs, ws, sm90::epilogue_kind::gate_up_activation,
-                              c.activation, tiles, stream);
-    sm90::launch_gemm_prefill(pc, w2, E, ws.act, pairs, ws, sm90::epilogue_kind::weighted_down, c.activation, tiles,
-                              stream);
-  } else {
-    sm90::launch_gemm(gc, w13, x.as<const uint16_t>(), ws, k, sm90::epilogue_kind::gate_up_activation, c.activation,
-                      tiles, stream);
-    sm90::launch_gemm(gc, w2, ws.act, ws, k, sm90::epilogue_kind::weighted_down, c.activation, tiles, stream);
+  sm90::gemm_launch g1;
+  g1.config = gc;
+  g1.tokens_per_tile = bn;
+  g1.max_tiles = tiles;
+  g1.dependent = !legacy;
+  g1.experts = E;
+  g1.b_row_count = pairs;
+  sm90::gemm_launch g2 = g1;
+  if (decode) {
+    const int64_t est_tiles = std::min(E, pairs);
+    g1.k_groups = decode_k_groups(bn, est_tiles, 2 * I, H, m.decode_resident_warps);
+    g2.k_groups = decode_k_groups(bn, est_tiles, H, I, m.decode_resident_warps);
+    g2.early_weights = true;  // its tile list was written by the plan, before GEMM1
   }
-  sm90::launch_combine(T, k, H, ws, out.as<uint16_t>(), stream);
+  const uint16_t* b1 = x.as<const uint16_t>();
+  if (prefill) {  // GEMM1's rows gathered in sorted order into ybuf, which GEMM2 then overwrites
+    sm90::launch_gather_sorted_rows(b1, pairs, k, H, E, ws, ws.ybuf, stream);
+    b1 = ws.ybuf;
+  }
+  sm90::launch_gemm(g1, w13, b1, ws, k, sm90::epilogue_kind::gate_up_activation, c.activation, stream);
+  sm90::launch_gemm(g2, w2, ws.act, ws, k, sm90::epilogue_kind::weighted_down, c.activation, stream);
+  sm90::launch_combine(T, k, H, ws, out.as<uint16_t>(), !legacy, stream);
 }
 
 }  // namespace mxmoe::cuda

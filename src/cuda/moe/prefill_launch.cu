@@ -10,7 +10,9 @@
 #include <string>
 
 #include "check.h"
+#include "gemm_instances.h"
 #include "gemm_prefill.cuh"
+#include "mxmoe/error.h"
 
 namespace mxmoe::cuda::sm90 {
 namespace {
@@ -87,8 +89,8 @@ prefill_maps<Cfg::WIDTHS> make_prefill_maps(const gemm_weights& w, int64_t exper
 
 }  // namespace
 
-int prefill_tokens_per_tile(prefill_config c) {
-  return c == prefill_config::narrow ? prefill_narrow_tile::NMAX : prefill_wide_tile::NMAX;
+int prefill_tokens_per_tile(gemm_config c) {
+  return c == gemm_config::prefill_narrow ? prefill_narrow_tile::NMAX : prefill_wide_tile::NMAX;
 }
 
 // Also looks the encoder up here, outside any stream capture.
@@ -98,24 +100,29 @@ void prepare_prefill_kernels() {
   MXMOE_CUDA_CHECK(allow_prefill_smem_wide());
 }
 
-void launch_gemm_prefill(prefill_config c, const gemm_weights& w, int64_t experts, const uint16_t* b_rows,
-                         int64_t b_row_count, const moe_workspace& ws, epilogue_kind ep, const activation_config& act,
-                         int64_t max_tiles, cudaStream_t stream) {
-  const auto misaligned = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 != 0; };
-  if (b_row_count < 1 || w.cols % 32 != 0 || w.rows % 16 != 0 || misaligned(b_rows) || misaligned(w.codes) ||
-      misaligned(w.scales))
-    throw std::logic_error("launch_gemm_prefill: needs >= 1 B row, 16-byte aligned rows and weights, K % 32 == 0, "
-                           "rows % 16 == 0");
+void launch_gemm_prefill(const gemm_launch& l, const gemm_weights& w, const uint16_t* b_rows, const moe_workspace& ws,
+                         epilogue_kind ep, const activation_config& act, cudaStream_t stream) {
+  const bool narrow = l.config == gemm_config::prefill_narrow;
+  const int nmax = prefill_tokens_per_tile(l.config);
+  const auto aligned = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
+  MXMOE_CHECK_ARG(l.tokens_per_tile == nmax, "gemm_launch.tokens_per_tile",
+                  std::to_string(nmax) + " (the schedule of this prefill GEMM)", std::to_string(l.tokens_per_tile));
+  MXMOE_CHECK_ARG(l.experts >= 1 && l.b_row_count >= 1 && l.max_tiles >= 1, "gemm_launch",
+                  "experts, b_row_count and max_tiles >= 1",
+                  std::to_string(l.experts) + ", " + std::to_string(l.b_row_count) + ", " + std::to_string(l.max_tiles));
+  MXMOE_CHECK_ARG(w.cols % 32 == 0 && w.rows % 16 == 0, "gemm_weights", "K % 32 == 0 and rows % 16 == 0",
+                  std::to_string(w.cols) + " x " + std::to_string(w.rows));
+  MXMOE_CHECK_ARG(aligned(b_rows) && aligned(w.codes) && aligned(w.scales), "b_rows / gemm_weights",
+                  "16-byte aligned (TMA)", "a misaligned pointer");
   int device = 0, sms = 0;
   MXMOE_CUDA_CHECK(cudaGetDevice(&device));
   MXMOE_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
-  if (c == prefill_config::narrow)
-    launch_gemm_prefill_narrow(w, make_prefill_maps<prefill_narrow_tile>(w, experts, b_rows, b_row_count), ws, ep, act,
-                               max_tiles, sms, stream);
+  if (narrow)
+    launch_gemm_prefill_narrow(l, w, make_prefill_maps<prefill_narrow_tile>(w, l.experts, b_rows, l.b_row_count), ws,
+                               ep, act, sms, stream);
   else
-    launch_gemm_prefill_wide(w, make_prefill_maps<prefill_wide_tile>(w, experts, b_rows, b_row_count), ws, ep, act,
-                             max_tiles, sms, stream);
-  MXMOE_CUDA_CHECK(cudaGetLastError());
+    launch_gemm_prefill_wide(l, w, make_prefill_maps<prefill_wide_tile>(w, l.experts, b_rows, l.b_row_count), ws, ep,
+                             act, sms, stream);
 }
 
 }  // namespace mxmoe::cuda::sm90

@@ -1,14 +1,25 @@
 // moe/routing.cu — routing and the expert-grouped tile schedule of the MoE layer.
 //
-// route:    one warp per token; each lane holds up to 16 of the E <= 512 logits. Top-k by k
-//           rounds of a warp arg-max (ties: lower expert index), then the routing kind's
-//           weights (BRIEF §4; the CPU reference cpu::route defines them). Each selected slot
-//           bumps counts[e] and records its rank pos[p] within the expert.
-// import:   the same bookkeeping for caller-provided ids / weights; an id outside [0, E) drops
-//           its slot (ids[p] = -1, it contributes 0) and sets bit 0 of the workspace error flag.
-// schedule: one CTA: exclusive scans (cub::BlockScan) of counts and of tiles per expert; writes
-//           tile_desc{expert, start, count <= BN} for every tile, in expert order.
-// scatter:  sorted[offsets[e] + pos[p]] = p.
+// route_token: one warp routes one token; each lane holds up to 16 of the E <= 512 logits. Top-k
+//           by k rounds of a warp arg-max (ties: lower expert index), then the routing kind's
+//           weights (BRIEF §4; the CPU reference cpu::route defines them).
+//
+// Up to kPlanMaxPairs token-expert pairs (decode and the transition), no memset:
+//   route:  (T > kPlanRouteMaxTokens) route_token per warp, ids[p] and weights[p] only.
+//   plan:   one CTA does the rest: routes the tokens itself when there are few, or takes the ids
+//           of route, or imports caller-provided ids; counts pairs per expert in shared memory,
+//           scans (cub::BlockScan) to offsets and tiles, writes tile_desc{expert, start,
+//           count <= BN} in expert order, the error flag, and sorted[offsets[e] + rank] = p.
+// More pairs (prefill), the four-step path:
+//   route:    as above, and each slot bumps counts[e] and records its rank pos[p] (atomics;
+//             the counters were cleared by a memset).
+//   import:   the same bookkeeping for caller-provided ids / weights.
+//   schedule: one CTA: the scans and the tile list.
+//   scatter:  sorted[offsets[e] + pos[p]] = p.
+// An id outside [0, E) in caller-provided routing drops its slot (ids[p] = -1, weight 0, it
+// contributes nothing) and sets bit 0 of the workspace error flag.
+// The rank of a pair within its expert comes from atomics and may differ between calls; the
+// layer's output does not depend on it (kernels.h).
 #include <cuda_runtime.h>
 
 #include <cfloat>
@@ -16,8 +27,12 @@
 
 #include <cub/block/block_scan.cuh>
 
+#include <string>
+
 #include "check.h"
 #include "kernels.h"
+#include "mxmoe/error.h"
+#include "pdl.cuh"
 
 namespace mxmoe::cuda::sm90 {
 namespace {
@@ -83,18 +98,28 @@ __device__ __forceinline__ float lane_value(const float (&a)[PER_LANE], int e) {
   return __shfl_sync(0xFFFFFFFFu, v, e & 31);
 }
 
-// PER_LANE = ceil(E / 32) rounded up to 4, 8 or 16: the loops over a lane's experts are
-// unrolled, so a small E should not pay for 512.
+// Per-warp scratch of route_token (shared memory): group choices [E], group scores [n_group],
+// selections [max(k, topk_group)] (the top-k experts, or the top-k groups).
+struct route_scratch {
+  float* group_choice;
+  float* group_score;
+  int* sel;
+};
+__host__ __device__ inline int route_scratch_words(const routing_config& r, int experts) {
+  return experts + r.n_group + (r.top_k > r.topk_group ? r.top_k : r.topk_group);
+}
+
+// Routes token t with the calling warp (all 32 lanes). Lane j < k ends with slot j's expert in
+// *e_out and its weight in *w_out. PER_LANE = ceil(E / 32) rounded up to 4, 8 or 16: the loops
+// over a lane's experts are unrolled, so a small E should not pay for 512.
 template <int PER_LANE>
-__global__ void __launch_bounds__(kRouteWarps * 32)
-    route_kernel(const void* __restrict__ logits, bool logits_bf16, const float* __restrict__ correction_bias,
-                 routing_config r, int tokens, int experts, moe_workspace ws) {
-  __shared__ float group_choice[kRouteWarps][512];
-  __shared__ float group_score[kRouteWarps][512];
-  __shared__ int sel_s[kRouteWarps][512];  // top-k experts, or top-k groups (<= n_group <= 512)
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  const int t = blockIdx.x * kRouteWarps + warp;
-  if (t >= tokens) return;
+__device__ void route_token(const void* __restrict__ logits, bool logits_bf16, const float* __restrict__ correction_bias,
+                            const routing_config& r, int t, int experts, route_scratch scratch, int* e_out,
+                            float* w_out) {
+  const int lane = threadIdx.x & 31;
+  float* group_choice = scratch.group_choice;
+  float* group_score = scratch.group_score;
+  int* sel = scratch.sel;
 
   float l[PER_LANE];
 #pragma unroll
@@ -108,7 +133,6 @@ __global__ void __launch_bounds__(kRouteWarps * 32)
     l[q] = v;
   }
   const int k = r.top_k;
-  int* sel = sel_s[warp];
   float wsel = 0.0f;  // lane j < k holds slot j's weight
 
   if (r.kind == routing_kind::sigmoid_grouped_topk) {
@@ -118,14 +142,14 @@ __global__ void __launch_bounds__(kRouteWarps * 32)
       const int e = lane + 32 * q;
       s[q] = 1.0f / (1.0f + expf(-l[q]));
       choice[q] = s[q] + ((correction_bias && e < experts) ? correction_bias[e] : 0.0f);
-      if (e < experts) group_choice[warp][e] = choice[q];
+      if (e < experts) group_choice[e] = choice[q];
     }
     __syncwarp();
     const int gsize = experts / r.n_group;
     for (int gi = lane; gi < r.n_group; gi += 32) {  // group score: sum of its top-2 choices
       float b1 = -FLT_MAX, b2 = -FLT_MAX;
       for (int e = gi * gsize; e < (gi + 1) * gsize; ++e) {
-        const float c = group_choice[warp][e];
+        const float c = group_choice[e];
         if (c > b1) {
           b2 = b1;
           b1 = c;
@@ -133,14 +157,14 @@ __global__ void __launch_bounds__(kRouteWarps * 32)
           b2 = c;
         }
       }
-      group_score[warp][gi] = gsize == 1 ? b1 : b1 + b2;
+      group_score[gi] = gsize == 1 ? b1 : b1 + b2;
     }
     __syncwarp();
     float gkey[PER_LANE];
 #pragma unroll
     for (int q = 0; q < PER_LANE; ++q) {
       const int gi = lane + 32 * q;
-      gkey[q] = gi < r.n_group ? group_score[warp][gi] : -FLT_MAX;
+      gkey[q] = gi < r.n_group ? group_score[gi] : -FLT_MAX;
     }
     warp_topk(gkey, 0xFFFFFFFFu, r.n_group, r.topk_group, sel);
     __syncwarp();
@@ -194,13 +218,33 @@ __global__ void __launch_bounds__(kRouteWarps * 32)
       wsel /= den;
     }
   }
+  *e_out = lane < k ? sel[lane] : -1;
+  *w_out = wsel;
+  __syncwarp();  // sel is reused by the warp's next token
+}
 
-  if (lane < k) {
-    const int64_t p = static_cast<int64_t>(t) * k + lane;
-    const int e = sel[lane];
+// One warp per token. count_pairs: also bump counts[e] and record pos[p] (the four-step path).
+template <int PER_LANE>
+__global__ void __launch_bounds__(kRouteWarps * 32)
+    route_kernel(const void* __restrict__ logits, bool logits_bf16, const float* __restrict__ correction_bias,
+                 routing_config r, int tokens, int experts, bool count_pairs, moe_workspace ws) {
+  __shared__ float group_choice[kRouteWarps][512];
+  __shared__ float group_score[kRouteWarps][512];
+  __shared__ int sel[kRouteWarps][512];
+  detail::wait_for_previous_grid();
+  detail::allow_dependent_launch();
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int t = blockIdx.x * kRouteWarps + warp;
+  if (t >= tokens) return;
+  int e;
+  float wt;
+  route_token<PER_LANE>(logits, logits_bf16, correction_bias, r, t, experts,
+                        {group_choice[warp], group_score[warp], sel[warp]}, &e, &wt);
+  if (lane < r.top_k) {
+    const int64_t p = static_cast<int64_t>(t) * r.top_k + lane;
     ws.ids[p] = e;
-    ws.weights[p] = wsel;
-    ws.pos[p] = atomicAdd(&ws.counts[e], 1);
+    ws.weights[p] = wt;
+    if (count_pairs) ws.pos[p] = atomicAdd(&ws.counts[e], 1);
   }
 }
 
@@ -221,24 +265,115 @@ __global__ void import_kernel(const int32_t* __restrict__ ids, const float* __re
 }
 
 constexpr int kScheduleThreads = 512;  // one thread per expert (E <= 512)
+using schedule_scan = cub::BlockScan<int, kScheduleThreads>;
 
-__global__ void __launch_bounds__(kScheduleThreads)
-    schedule_kernel(int experts, int tokens_per_tile, int64_t max_tiles, moe_workspace ws) {
-  using scan = cub::BlockScan<int, kScheduleThreads>;
-  __shared__ typename scan::TempStorage tmp;
+// The scans and the tile list, by the kScheduleThreads threads of one CTA (thread e: expert e,
+// `count` its pairs). Returns the expert's first sorted position.
+__device__ int write_schedule(int count, int experts, int tokens_per_tile, int64_t max_tiles, const moe_workspace& ws,
+                              typename schedule_scan::TempStorage& tmp) {
   const int e = threadIdx.x;
-  const int count = e < experts ? ws.counts[e] : 0;
   const int tiles = (count + tokens_per_tile - 1) / tokens_per_tile;
   int offset, tile0, total_tiles;
-  scan(tmp).ExclusiveSum(count, offset);
+  schedule_scan(tmp).ExclusiveSum(count, offset);
   __syncthreads();
-  scan(tmp).ExclusiveSum(tiles, tile0, total_tiles);
+  schedule_scan(tmp).ExclusiveSum(tiles, tile0, total_tiles);
   if (e < experts) ws.offsets[e] = offset;
   if (e == experts - 1) ws.offsets[experts] = offset + count;
   if (e == 0) *ws.num_tiles = total_tiles <= max_tiles ? total_tiles : static_cast<int>(max_tiles);
   for (int i = 0; i < tiles && tile0 + i < max_tiles; ++i) {
     const int start = i * tokens_per_tile;
     ws.tiles[tile0 + i] = tile_desc{e, offset + start, min(tokens_per_tile, count - start)};
+  }
+  return offset;
+}
+
+__global__ void __launch_bounds__(kScheduleThreads)
+    schedule_kernel(int experts, int tokens_per_tile, int64_t max_tiles, moe_workspace ws) {
+  __shared__ typename schedule_scan::TempStorage tmp;
+  const int e = threadIdx.x;
+  write_schedule(e < experts ? ws.counts[e] : 0, experts, tokens_per_tile, max_tiles, ws, tmp);
+}
+
+// The plan kernel's shared memory: counts [E], offsets [E], one packed (expert | rank << 16) or
+// -1 per pair, the error flag, and (when it routes) route_token scratch per routing warp.
+struct plan_smem {
+  int* counts;
+  int* offsets;
+  int* pack;
+  int* error;
+  int* scratch;
+  __host__ __device__ static size_t bytes(const plan_args& a) {
+    const int route_warps = a.source == plan_source::route ? (a.tokens < kPlanThreads / 32 ? a.tokens : kPlanThreads / 32) : 0;
+    return 4 * (2 * static_cast<size_t>(a.experts) + static_cast<size_t>(a.tokens) * a.r.top_k + 1 +
+                static_cast<size_t>(route_warps) * route_scratch_words(a.r, a.experts));
+  }
+  __device__ explicit plan_smem(int* base, const plan_args& a)
+      : counts(base), offsets(base + a.experts), pack(base + 2 * a.experts),
+        error(pack + a.tokens * a.r.top_k), scratch(error + 1) {}
+};
+
+// Routing bookkeeping, schedule and scatter of up to kPlanMaxPairs pairs in one CTA (see the
+// file header); PER_LANE > 0: routes the tokens itself (a.source == plan_source::route), one
+// warp per token (PER_LANE <= 8: route_token of 512 experts needs more than the 128 registers a
+// thread of this CTA can have).
+template <int PER_LANE>
+__global__ void __launch_bounds__(kPlanThreads) plan_kernel(plan_args a, moe_workspace ws) {
+  extern __shared__ int plan_raw[];
+  __shared__ typename schedule_scan::TempStorage tmp;
+  static_assert(kPlanThreads == kScheduleThreads, "one thread per expert in the scans");
+  const plan_smem sm(plan_raw, a);
+  detail::wait_for_previous_grid();
+  detail::allow_dependent_launch();
+  const int tid = threadIdx.x, k = a.r.top_k, pairs = a.tokens * k;
+  if (tid < a.experts) sm.counts[tid] = 0;
+  if (tid == 0) *sm.error = 0;
+  __syncthreads();
+
+  if constexpr (PER_LANE > 0) {
+    const int warp = tid >> 5, lane = tid & 31;
+    const int words = route_scratch_words(a.r, a.experts);
+    float* choice = reinterpret_cast<float*>(sm.scratch + warp * words);
+    const route_scratch scratch{choice, choice + a.experts, sm.scratch + warp * words + a.experts + a.r.n_group};
+    for (int t = warp; t < a.tokens; t += kPlanThreads / 32) {
+      int e;
+      float wt;
+      route_token<PER_LANE>(a.logits, a.logits_bf16, a.correction_bias, a.r, t, a.experts, scratch, &e, &wt);
+      if (lane < k) {
+        const int p = t * k + lane;
+        ws.ids[p] = e;
+        ws.weights[p] = wt;
+        sm.pack[p] = e | (atomicAdd(&sm.counts[e], 1) << 16);
+      }
+    }
+  } else {
+    for (int p = tid; p < pairs; p += kPlanThreads) {
+      int e;
+      if (a.source == plan_source::precomputed) {
+        e = a.ids[p];
+        if (e < 0 || e >= a.experts) {
+          ws.ids[p] = -1;
+          ws.weights[p] = 0.0f;
+          sm.pack[p] = -1;
+          atomicOr(sm.error, 1);
+          continue;
+        }
+        ws.ids[p] = e;
+        ws.weights[p] = a.weights[p];
+      } else {
+        e = ws.ids[p];
+      }
+      sm.pack[p] = e | (atomicAdd(&sm.counts[e], 1) << 16);
+    }
+  }
+  __syncthreads();
+  const int offset =
+      write_schedule(tid < a.experts ? sm.counts[tid] : 0, a.experts, a.tokens_per_tile, a.max_tiles, ws, tmp);
+  if (tid < a.experts) sm.offsets[tid] = offset;
+  if (tid == 0) *ws.error_flag = *sm.error;
+  __syncthreads();
+  for (int p = tid; p < pairs; p += kPlanThreads) {
+    const int pk = sm.pack[p];
+    if (pk >= 0) ws.sorted[sm.offsets[pk & 0xFFFF] + (pk >> 16)] = p;
   }
 }
 
@@ -254,16 +389,38 @@ unsigned blocks_for(int64_t n, int threads) { return static_cast<unsigned>((n + 
 }  // namespace
 
 void launch_route(const void* logits, bool logits_bf16, const float* correction_bias, const routing_config& r,
-                  int64_t tokens, int64_t experts, const moe_workspace& ws, cudaStream_t stream) {
-  const unsigned blocks = blocks_for(tokens, kRouteWarps);
+                  int64_t tokens, int64_t experts, bool count_pairs, bool dependent, const moe_workspace& ws,
+                  cudaStream_t stream) {
+  const dim3 grid(blocks_for(tokens, kRouteWarps)), block(kRouteWarps * 32);
   const int t = static_cast<int>(tokens), e = static_cast<int>(experts);
-  if (experts <= 128)
-    route_kernel<4><<<blocks, kRouteWarps * 32, 0, stream>>>(logits, logits_bf16, correction_bias, r, t, e, ws);
-  else if (experts <= 256)
-    route_kernel<8><<<blocks, kRouteWarps * 32, 0, stream>>>(logits, logits_bf16, correction_bias, r, t, e, ws);
-  else
-    route_kernel<16><<<blocks, kRouteWarps * 32, 0, stream>>>(logits, logits_bf16, correction_bias, r, t, e, ws);
-  MXMOE_CUDA_CHECK(cudaGetLastError());
+  auto kernel = experts <= 128 ? route_kernel<4> : experts <= 256 ? route_kernel<8> : route_kernel<16>;
+  launch_pdl(kernel, grid, block, 0, stream, dependent, logits, logits_bf16, correction_bias, r, t, e, count_pairs, ws);
+}
+
+bool plan_can_route(int64_t tokens, int64_t experts) {
+  return tokens <= kPlanRouteMaxTokens && experts <= kPlanRouteMaxExperts;
+}
+
+void prepare_plan_kernel() {
+  for (auto kernel : {plan_kernel<0>, plan_kernel<4>, plan_kernel<8>})
+    MXMOE_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kPlanMaxSmemBytes));
+}
+
+void launch_plan(const plan_args& a, const moe_workspace& ws, cudaStream_t stream) {
+  auto kernel = plan_kernel<0>;
+  if (a.source == plan_source::route) {
+    MXMOE_CHECK_ARG(plan_can_route(a.tokens, a.experts), "plan_args",
+                    "at most " + std::to_string(kPlanRouteMaxTokens) + " tokens and " +
+                        std::to_string(kPlanRouteMaxExperts) + " experts when the plan kernel routes",
+                    std::to_string(a.tokens) + " tokens, " + std::to_string(a.experts) + " experts");
+    kernel = a.experts <= 128 ? plan_kernel<4> : plan_kernel<8>;
+  }
+  MXMOE_CHECK_ARG(static_cast<int64_t>(a.tokens) * a.r.top_k <= kPlanMaxPairs, "plan_args.tokens",
+                  "at most " + std::to_string(kPlanMaxPairs) + " pairs", std::to_string(a.tokens * a.r.top_k));
+  const size_t smem = plan_smem::bytes(a);
+  MXMOE_CHECK_ARG(smem <= kPlanMaxSmemBytes, "plan_args", "a plan within " + std::to_string(kPlanMaxSmemBytes) +
+                  " bytes of shared memory", std::to_string(smem));
+  launch_pdl(kernel, dim3(1), dim3(kPlanThreads), smem, stream, true, a, ws);
 }
 
 void launch_import_routing(const int32_t* ids, const float* weights, int64_t tokens, int top_k, int64_t experts,

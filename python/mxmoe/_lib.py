@@ -1,0 +1,187 @@
+"""ctypes binding of the C ABI in ``include/mxmoe/c_api.h`` (``libmxmoe_c.so``).
+
+The library is found, in order, at ``$MXMOE_LIBRARY`` (a path to the .so: for a build tree that
+was not pip-installed) or next to this file (where ``pip install ./python`` puts it). Nothing is
+compiled at import.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import struct
+from ctypes import POINTER, c_char_p, c_int32, c_int64, c_size_t, c_uint32, c_void_p
+from pathlib import Path
+
+from ._errors import Error, InvalidArgument, OutOfMemory, RuntimeFailure, Unsupported, invalid
+
+ABI_VERSION = 1  # MXMOE_C_ABI_VERSION of the header these declarations mirror
+MAX_RANK = 8
+
+# Status codes
+OK, ERR_INVALID_ARGUMENT, ERR_UNSUPPORTED, ERR_OUT_OF_MEMORY, ERR_RUNTIME, ERR_INTERNAL = range(6)
+# Element types (mxmoe::dtype)
+BF16, F16, F32, U8, I32, I64 = range(6)
+ITEMSIZE = (2, 2, 4, 1, 4, 8)  # bytes per element, by dtype code
+DEVICE_CPU, DEVICE_CUDA = 0, 1
+RULES = ("floor", "even", "rceil", "mse")
+SCALE_LAYOUTS = ("linear", "tiled_128x4")
+ROUTING_KINDS = ("softmax_topk", "topk_softmax", "sigmoid_grouped_topk")
+ACTIVATION_KINDS = ("silu_mul", "swiglu_clamped")
+GATE_UP_ORDERS = ("concatenated", "interleaved")
+WEIGHTS_MXFP4, WEIGHTS_BF16 = 0, 1
+
+
+# mxmoe_tensor (a non-owning pointer, dtype, device, shape, strides in elements) is passed as
+# bytes packed by one struct.pack, which costs less than filling a ctypes.Structure. For each rank
+# n: data, dtype, device_type, device_id, ndim, n sizes and n strides, each zero-padded to MAX_RANK.
+TENSOR_FORMATS = tuple(
+    struct.Struct(f"=Q4i{n}q{8 * (MAX_RANK - n)}x{n}q{8 * (MAX_RANK - n)}x") for n in range(MAX_RANK + 1)
+)
+TENSOR_BYTES = 152  # sizeof(mxmoe_tensor)
+assert all(f.size == TENSOR_BYTES for f in TENSOR_FORMATS)
+
+
+def unpack_tensor(packed: bytes) -> tuple[int, int, int, int, tuple[int, ...], tuple[int, ...]]:
+    """(data, dtype, device_type, device_id, shape, strides) of a packed mxmoe_tensor."""
+    fields = TENSOR_FORMATS[MAX_RANK].unpack(packed)
+    ndim = fields[4]
+    return fields[0], fields[1], fields[2], fields[3], fields[5 : 5 + ndim], fields[13 : 13 + ndim]
+
+
+class QuantStatsC(ctypes.Structure):
+    """mxmoe_quant_stats (the layout of mxmoe::quant_stats)."""
+
+    _fields_ = [
+        ("elements", c_int64),
+        ("blocks", c_int64),
+        ("saturated_blocks", c_int64),
+        ("clamped_elements", c_int64),
+        ("flushed_elements", c_int64),
+        ("nonfinite_blocks", c_int64),
+        ("signal_sq", ctypes.c_double),
+        ("error_sq", ctypes.c_double),
+    ]
+
+
+class MoeConfigC(ctypes.Structure):
+    """mxmoe_moe_config."""
+
+    _fields_ = [
+        ("experts", c_int64),
+        ("hidden", c_int64),
+        ("intermediate", c_int64),
+        ("routing_kind", c_int32),
+        ("top_k", c_int32),
+        ("renormalize", c_int32),
+        ("n_group", c_int32),
+        ("topk_group", c_int32),
+        ("routed_scaling_factor", ctypes.c_float),
+        ("activation_kind", c_int32),
+        ("alpha", ctypes.c_float),
+        ("limit", ctypes.c_float),
+        ("gate_up_order", c_int32),
+    ]
+
+
+WEIGHT_FIELDS = (
+    "gate_up_blocks",
+    "gate_up_scales",
+    "down_blocks",
+    "down_scales",
+    "gate_up",
+    "down",
+    "gate_up_bias",
+    "down_bias",
+    "router_weight",
+    "router_bias",
+    "correction_bias",
+)
+
+
+class MoeWeightsC(ctypes.Structure):
+    """mxmoe_moe_weights: checkpoint-layout tensors, NULL for the ones not given."""
+
+    _fields_ = [("format", c_int32)] + [(name, c_char_p) for name in WEIGHT_FIELDS]
+
+
+TensorP = c_char_p  # the bytes of an mxmoe_tensor (TENSOR_FORMATS), or None for NULL
+_PROTOTYPES = {
+    "mxmoe_abi_version": (c_int32, []),
+    "mxmoe_version": (c_char_p, []),
+    "mxmoe_built_with_cuda": (c_int32, []),
+    "mxmoe_last_error": (c_char_p, []),
+    "mxmoe_last_error_argument": (c_char_p, []),
+    "mxmoe_cuda_available": (c_int32, [c_int32, POINTER(c_int32), c_char_p, c_size_t]),
+    "mxmoe_cuda_device_name": (c_int32, [c_int32, c_char_p, c_size_t]),
+    "mxmoe_scale_bytes": (c_int32, [c_int64, c_int64, c_int32, POINTER(c_int64)]),
+    "mxmoe_quantize": (c_int32, [TensorP, c_int32, c_int32, TensorP, TensorP, POINTER(QuantStatsC), c_void_p, c_void_p]),
+    "mxmoe_dequantize": (c_int32, [TensorP, TensorP, c_int32, TensorP, c_void_p]),
+    "mxmoe_moe_prepare": (c_int32, [POINTER(MoeConfigC), POINTER(MoeWeightsC), c_int32, c_int32, POINTER(c_void_p)]),
+    "mxmoe_moe_free": (None, [c_void_p]),
+    "mxmoe_moe_device": (c_int32, [c_void_p, POINTER(c_int32), POINTER(c_int32)]),
+    "mxmoe_moe_workspace_bytes": (c_int32, [c_void_p, c_int64, POINTER(c_int64)]),
+    "mxmoe_moe_weight_bytes": (c_int32, [c_void_p, POINTER(c_int64)]),
+    "mxmoe_moe_forward": (
+        c_int32,
+        [c_void_p, TensorP, TensorP, TensorP, TensorP, TensorP, c_void_p, c_int64, c_void_p],
+    ),
+    "mxmoe_forward_rel_l2_tolerance": (c_int32, [c_int32, POINTER(ctypes.c_double)]),
+    "mxmoe_moe_error_flags": (c_int32, [c_void_p, c_void_p, c_int64, POINTER(c_uint32)]),
+}
+
+
+def _library_path() -> Path:
+    env = os.environ.get("MXMOE_LIBRARY")
+    if env:
+        return Path(env)
+    return Path(__file__).with_name("libmxmoe_c.so")
+
+
+def _load() -> ctypes.CDLL:
+    path = _library_path()
+    if not path.is_file():
+        raise ImportError(
+            f"mxmoe: the native library is not at {path}: install the package with `pip install ./python` "
+            "(from the repository root, after scripts/setup.sh), or point MXMOE_LIBRARY at a built "
+            "libmxmoe_c.so (build/lib/libmxmoe_c.so)"
+        )
+    lib = ctypes.CDLL(str(path))
+    for name, (restype, argtypes) in _PROTOTYPES.items():
+        fn = getattr(lib, name)
+        fn.restype = restype
+        fn.argtypes = argtypes
+    if lib.mxmoe_abi_version() != ABI_VERSION:
+        raise ImportError(
+            f"mxmoe: {path} has C ABI version {lib.mxmoe_abi_version()}, this package expects {ABI_VERSION}: "
+            "rebuild and reinstall the package"
+        )
+    return lib
+
+
+lib = _load()
+library_path = _library_path()
+
+_EXCEPTIONS = {ERR_UNSUPPORTED: Unsupported, ERR_OUT_OF_MEMORY: OutOfMemory, ERR_RUNTIME: RuntimeFailure}
+
+
+def raise_last_error(status: int) -> None:
+    """Raises the exception for a failed call's status (the thread's last error)."""
+    message = (lib.mxmoe_last_error() or b"").decode("utf-8", "replace")
+    if status == ERR_INVALID_ARGUMENT:
+        argument = (lib.mxmoe_last_error_argument() or b"").decode("utf-8", "replace")
+        raise InvalidArgument(argument, message)
+    raise _EXCEPTIONS.get(status, Error)(message)
+
+
+def check(status: int) -> None:
+    if status:
+        raise_last_error(status)
+
+
+def index(names: tuple[str, ...], value: str, argument: str) -> int:
+    """The C enum value of a name (``"even"`` -> 1); InvalidArgument naming ``argument``."""
+    try:
+        return names.index(value)
+    except ValueError:
+        raise invalid(argument, " | ".join(names), repr(value)) from None

@@ -1,0 +1,280 @@
+"""The MoE layer: configuration, prepared weights, forward.
+
+The one place the Python package maps onto the C ABI's layer functions (mxmoe_moe_prepare /
+mxmoe_moe_forward), which today run the CPU backend (cpu::moe_forward, f32) for CPU tensors and
+cuda::moe_layer for CUDA tensors.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import itertools
+import weakref
+from dataclasses import dataclass
+from typing import Any
+
+from . import _lib, _tensor
+from ._errors import invalid
+
+
+@dataclass(frozen=True)
+class MoEConfig:
+    """What the layer computes (mxmoe::moe_config, include/mxmoe/moe.h).
+
+    x [T, H]; router logits [T, E]; routing -> expert ids and weights [T, top_k]; per selected
+    expert e: h = x·W13ₑᵀ (+ b13ₑ) [2I]; a = act(gate, up) [I]; y = a·W2ₑᵀ (+ b2ₑ) [H];
+    out = Σ w_k · y_k.
+
+    Attributes:
+        experts, hidden, intermediate: E, H, I (H and I multiples of 32, E <= 512).
+        routing: ``softmax_topk`` (Mixtral, Qwen3-MoE; ``renormalize`` divides the k weights by
+            their sum), ``topk_softmax`` (gpt-oss), ``sigmoid_grouped_topk`` (DeepSeek-V3, Kimi-K2:
+            ``n_group``, ``topk_group``, ``routed_scaling_factor``, correction bias).
+        top_k: experts per token, in [1, min(16, E)].
+        activation: ``silu_mul`` (silu(gate)·up) or ``swiglu_clamped`` (gpt-oss: g = min(gate,
+            limit), u = clamp(up, ±limit), g·sigmoid(alpha·g)·(u + 1)).
+        gate_up: rows of the fused [2I, H] weight: ``concatenated`` ([gate; up]) or
+            ``interleaved`` (gpt-oss: row 2j gate j, row 2j+1 up j).
+    """
+
+    experts: int
+    hidden: int
+    intermediate: int
+    routing: str = "softmax_topk"
+    top_k: int = 1
+    renormalize: bool = True
+    n_group: int = 1
+    topk_group: int = 1
+    routed_scaling_factor: float = 1.0
+    activation: str = "silu_mul"
+    alpha: float = 1.702
+    limit: float = 7.0
+    gate_up: str = "concatenated"
+
+    def _to_c(self) -> _lib.MoeConfigC:
+        return _lib.MoeConfigC(
+            self.experts,
+            self.hidden,
+            self.intermediate,
+            _lib.index(_lib.ROUTING_KINDS, self.routing, "cfg.routing.kind"),
+            self.top_k,
+            int(bool(self.renormalize)),
+            self.n_group,
+            self.topk_group,
+            self.routed_scaling_factor,
+            _lib.index(_lib.ACTIVATION_KINDS, self.activation, "cfg.activation.kind"),
+            self.alpha,
+            self.limit,
+            _lib.index(_lib.GATE_UP_ORDERS, self.gate_up, "cfg.gate_up"),
+        )
+
+
+def _parse_device(device: Any) -> tuple[int, int]:
+    text = str(device)
+    if text == "cpu":
+        return _lib.DEVICE_CPU, 0
+    if text == "cuda":
+        return _lib.DEVICE_CUDA, 0
+    if text.startswith("cuda:") and text[5:].isdigit():
+        return _lib.DEVICE_CUDA, int(text[5:])
+    raise invalid("device", "'cpu', 'cuda' or 'cuda:N'", repr(device))
+
+
+def _device_name(device: tuple[int, int]) -> str:
+    return f"cuda:{device[1]}" if device[0] == _lib.DEVICE_CUDA else "cpu"
+
+
+# Host-memory tensors of the CUDA layer (mxmoe/cuda.h: biases and router tensors).
+_HOST_ONLY = ("gate_up_bias", "down_bias", "router_weight", "router_bias", "correction_bias")
+_live_layers: "weakref.WeakValueDictionary[int, PreparedMoE]" = weakref.WeakValueDictionary()
+_layer_ids = itertools.count(1)
+
+
+class PreparedMoE:
+    """MoE weights prepared for one backend; owns their memory (host for the CPU backend, device
+    for CUDA) and frees it on :meth:`close`, at the end of a ``with`` block, or when collected.
+    A CUDA graph that captured a forward must not outlive the layer."""
+
+    def __init__(self, handle: int, config: MoEConfig, device: tuple[int, int]):
+        self._handle = handle
+        self.config = config
+        self._device = device
+        self.id = next(_layer_ids)  # how torch ops (mxmoe.torch) name this layer
+        self._workspace_bytes: dict[int, int] = {}
+        _live_layers[self.id] = self
+
+    @property
+    def device(self) -> str:
+        """``"cpu"`` or ``"cuda:N"``."""
+        return _device_name(self._device)
+
+    @property
+    def is_cuda(self) -> bool:
+        return self._device[0] == _lib.DEVICE_CUDA
+
+    def _live_handle(self) -> int:
+        if not self._handle:
+            raise invalid("layer", "a prepared layer", "a layer that was closed")
+        return self._handle
+
+    @property
+    def weight_bytes(self) -> int:
+        """Memory the prepared weights occupy."""
+        n = ctypes.c_int64()
+        _lib.check(_lib.lib.mxmoe_moe_weight_bytes(self._live_handle(), ctypes.byref(n)))
+        return n.value
+
+    def workspace_bytes(self, max_tokens: int) -> int:
+        """Bytes of device workspace a forward of up to ``max_tokens`` tokens needs (0 on the CPU)."""
+        cached = self._workspace_bytes.get(max_tokens)
+        if cached is not None:
+            return cached
+        n = ctypes.c_int64()
+        _lib.check(_lib.lib.mxmoe_moe_workspace_bytes(self._live_handle(), max_tokens, ctypes.byref(n)))
+        if len(self._workspace_bytes) < 4096:
+            self._workspace_bytes[max_tokens] = n.value
+        return n.value
+
+    def read_error_flags(self, workspace: Any) -> int:
+        """CUDA: the flags a forward left in ``workspace`` (the one passed to
+        :func:`moe_forward`): bit 0 set when a precomputed expert id was outside [0, E) and that
+        slot was dropped. Synchronizes. CPU: 0 (host ids are checked before the call)."""
+        flags = ctypes.c_uint32()
+        ptr, nbytes = (None, 0)
+        if self.is_cuda:
+            ptr, nbytes, _ = _tensor.buffer(workspace, "workspace")
+        _lib.check(_lib.lib.mxmoe_moe_error_flags(self._live_handle(), ptr, nbytes, ctypes.byref(flags)))
+        return flags.value
+
+    def close(self) -> None:
+        """Frees the prepared weights now (idempotent)."""
+        handle, self._handle = self._handle, 0
+        if handle and _lib is not None and _lib.lib is not None:
+            _lib.lib.mxmoe_moe_free(handle)
+
+    def __enter__(self) -> "PreparedMoE":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        state = "" if self._handle else ", closed"
+        return f"PreparedMoE({self.config}, device={self.device!r}{state})"
+
+
+def prepare(config: MoEConfig, *, device: Any = None, **weights: Any) -> PreparedMoE:
+    """Validate and prepare checkpoint-layout MoE weights for the CPU or a CUDA device.
+
+    Weights (keyword arguments; torch, numpy or DLPack arrays):
+        MXFP4: ``gate_up_blocks`` u8 [E, 2I, H/32, 16], ``gate_up_scales`` u8 [E, 2I, H/32],
+        ``down_blocks`` u8 [E, H, I/32, 16], ``down_scales`` u8 [E, H, I/32] (the gpt-oss
+        checkpoint layout; :func:`mxmoe.quantize` output reshaped) — or BF16 (CPU backend only):
+        ``gate_up`` bf16 [E, 2I, H], ``down`` bf16 [E, H, I].
+        Optional: ``gate_up_bias`` [E, 2I], ``down_bias`` [E, H], ``router_weight`` [E, H],
+        ``router_bias`` [E] (bf16 | f32), ``correction_bias`` f32 [E] (sigmoid_grouped_topk).
+
+    Args:
+        device: ``"cpu"``, ``"cuda"`` or ``"cuda:N"``; default: where the expert matrices are.
+            The CPU backend keeps a copy of the weights; CUDA uploads and repacks them into the
+            kernel layout (biases and router tensors are read from host memory: CUDA ones are
+            copied to the host first).
+    """
+    unknown = sorted(set(weights) - set(_lib.WEIGHT_FIELDS))
+    if unknown:
+        raise invalid(unknown[0], "one of " + ", ".join(_lib.WEIGHT_FIELDS), "an unknown weight name")
+    mxfp4 = weights.get("gate_up_blocks") is not None or weights.get("gate_up") is None
+    first = weights.get("gate_up_blocks" if mxfp4 else "gate_up")
+    target = _parse_device(device) if device is not None else _tensor.device_of(first)
+    views = {}
+    for name in _lib.WEIGHT_FIELDS:
+        value = weights.get(name)
+        if value is None:
+            continue
+        if target[0] == _lib.DEVICE_CUDA and name in _HOST_ONLY and _tensor.is_torch(value) and value.is_cuda:
+            value = value.detach().cpu()
+        views[name] = _tensor.view(value, f"weights.{name}")
+    cw = _lib.MoeWeightsC(_lib.WEIGHTS_MXFP4 if mxfp4 else _lib.WEIGHTS_BF16,
+                          *(views.get(n) for n in _lib.WEIGHT_FIELDS))
+    handle = ctypes.c_void_p()
+    _lib.check(_lib.lib.mxmoe_moe_prepare(ctypes.byref(config._to_c()), ctypes.byref(cw), target[0], target[1],
+                                          ctypes.byref(handle)))
+    return PreparedMoE(handle.value, config, target)
+
+
+def moe_forward(
+    layer: PreparedMoE,
+    x: Any,
+    *,
+    logits: Any = None,
+    topk_ids: Any = None,
+    topk_weights: Any = None,
+    out: Any = None,
+    workspace: Any = None,
+    stream: int | None = None,
+):
+    """Run the MoE layer: ``out[T, H] = Σ_k w_k · expert_k(x)``.
+
+    Args:
+        layer: from :func:`prepare`; the tensors must be on its device.
+        x: [T, H] contiguous; CPU: bf16 | f32, CUDA: bf16.
+        logits: router logits f32 | bf16 [T, E]; or ``topk_ids`` i32 [T, k] with ``topk_weights``
+            f32 [T, k] (precomputed routing); or neither (CPU: logits from the router weights
+            given to :func:`prepare`).
+        out: [T, H] to write into (CPU: f32 | bf16; CUDA: bf16); default: a new array of x's
+            dtype.
+        workspace: CUDA: device memory of at least ``layer.workspace_bytes(T)`` bytes; default:
+            allocated from torch's caching allocator for torch tensors.
+
+    CUDA: no host synchronization; capturable in a CUDA graph; bitwise deterministic.
+    """
+    handle = layer._handle or layer._live_handle()
+    view = _tensor.view
+    xc = view(x, "x", stream=stream)
+    if out is None:
+        out = _tensor.empty_like(x, "out")
+    ws_ptr, ws_bytes = None, 0
+    if layer._device[0] == _lib.DEVICE_CUDA:
+        if workspace is None:
+            tokens = _lib.unpack_tensor(xc)[4][:1] or (0,)
+            if not _tensor.is_torch(x):
+                raise invalid("workspace", f"device memory of {layer.workspace_bytes(tokens[0])} bytes", "none")
+            workspace = _tensor.empty(x, (layer.workspace_bytes(tokens[0]),), _lib.U8, "workspace")
+        ws_ptr, ws_bytes, ws_device = _tensor.buffer(workspace, "workspace")
+        if ws_device != layer._device:
+            raise invalid("workspace", f"memory on {layer.device} (where the layer is)",
+                          f"memory on {_device_name(ws_device)}")
+    status = _lib.lib.mxmoe_moe_forward(
+        handle,
+        xc,
+        view(logits, "routing.logits", stream=stream),
+        view(topk_ids, "routing.ids", stream=stream),
+        view(topk_weights, "routing.weights", stream=stream),
+        view(out, "out", writable=True, stream=stream),
+        ws_ptr,
+        ws_bytes,
+        _tensor.current_stream(x, stream),
+    )
+    if status:
+        _lib.raise_last_error(status)
+    return out
+
+
+def forward_tolerance(device: Any = "cpu") -> float:
+    """The relative L2 error :func:`moe_forward` on ``device`` ("cpu" or "cuda[:N]") is held to
+    against the float64 reference on the same MXFP4 weights: 1e-4 for the CPU backend (float32
+    accumulation), 4e-3 for the CUDA layer (bf16 activations and output; docs/moe_layer.md)."""
+    tol = ctypes.c_double()
+    _lib.check(_lib.lib.mxmoe_forward_rel_l2_tolerance(_parse_device(device)[0], ctypes.byref(tol)))
+    return tol.value
+
+
+def live_layer(layer_id: int) -> PreparedMoE:
+    """The prepared layer a torch op names by id; InvalidArgument when it was freed."""
+    layer = _live_layers.get(layer_id)
+    if layer is None or not layer._handle:
+        raise invalid("layer", "a live PreparedMoE", f"id {layer_id}, which was closed or collected")
+    return layer

@@ -1,0 +1,161 @@
+"""mxmoe as PyTorch custom operators (``torch.library``): ``torch.ops.mxmoe.*``.
+
+Each op has a fake (meta) implementation, so it traces under ``torch.compile`` (dynamo,
+aot_eager, inductor) and runs inside captured CUDA graphs. CUDA tensors run on torch's current
+stream of their device; CPU tensors on the CPU backend. No autograd: inference only.
+
+    import torch, mxmoe, mxmoe.torch
+    packed, scales = torch.ops.mxmoe.quantize(w, "even", "linear")
+    layer = mxmoe.prepare(cfg, gate_up_blocks=..., device="cuda")   # owns its device memory
+    out = mxmoe.torch.moe_forward(layer, x, logits=logits)          # torch.ops.mxmoe.moe_forward
+
+Ops (shapes as in :func:`mxmoe.quantize`, :func:`mxmoe.dequantize`, :func:`mxmoe.moe_forward`):
+    quantize(Tensor x, str rule, str scale_layout) -> (Tensor packed, Tensor scales)
+    quantize_with_stats(Tensor x, str rule, str scale_layout) -> (packed, scales, Tensor stats)
+        stats: i64 [8] on x's device, the bytes of mxmoe_quant_stats (decode with
+        :func:`stats_from_tensor`); on CUDA written without a host synchronization.
+    dequantize(Tensor packed, Tensor scales, str scale_layout, ScalarType dtype) -> Tensor
+    moe_forward(Tensor x, Tensor? logits, Tensor? topk_ids, Tensor? topk_weights, int layer) -> Tensor
+        ``layer`` is :attr:`mxmoe.PreparedMoE.id`; a closed or collected layer raises
+        InvalidArgument.
+"""
+
+from __future__ import annotations
+
+import struct
+
+import torch
+
+from . import _lib, _moe, _quant
+from ._errors import invalid
+from ._quant import QuantStats
+
+__all__ = ["dequantize", "moe_forward", "quantize", "quantize_with_stats", "stats_from_tensor"]
+
+
+def _quantize_outputs(x: torch.Tensor, rule: str, scale_layout: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """Empty (packed, scales) for x (fake tensors under tracing). Invalid x raises like the
+    library would at run time, so that tracing fails where eager would."""
+    _lib.index(_lib.RULES, rule, "rule")
+    _lib.index(_lib.SCALE_LAYOUTS, scale_layout, "scale_layout")
+    if x.dtype not in (torch.bfloat16, torch.float16, torch.float32):
+        raise invalid("x", "dtype bf16, f16 or f32", str(x.dtype).replace("torch.", ""))
+    if x.dim() < 2 or x.shape[-1] == 0 or x.shape[-1] % 32 != 0:
+        raise invalid("x", "a tensor [..., rows, K], K > 0 a multiple of 32", f"shape {list(x.shape)}")
+    packed = x.new_empty([*x.shape[:-1], x.shape[-1] // 2], dtype=torch.uint8)
+    if scale_layout == "linear":
+        scales_shape = [*x.shape[:-1], x.shape[-1] // 32]
+    else:  # the tiled size comes from the library; symbolic sizes are specialized for it
+        scales_shape = list(_quant.scale_shape(tuple(int(d) for d in x.shape), scale_layout))
+    return packed, x.new_empty(scales_shape, dtype=torch.uint8)
+
+
+# torch.library.Library + define/impl rather than torch.library.custom_op: the same dispatcher
+# op, with about a tenth of custom_op's per-call Python overhead (measured: docs/python.md).
+_ops = torch.library.Library("mxmoe", "DEF")
+
+
+def _op(schema: str, impl, fake) -> None:
+    name = schema.split("(", 1)[0]
+    _ops.define(schema)
+    for key in ("CPU", "CUDA"):
+        _ops.impl(name, impl, key)
+    torch.library.register_fake(f"mxmoe::{name}", fake, lib=_ops)
+
+
+def _quantize_impl(x: torch.Tensor, rule: str, scale_layout: str) -> tuple[torch.Tensor, torch.Tensor]:
+    return _quant.quantize(x, rule, scale_layout)
+
+
+_op("quantize(Tensor x, str rule, str scale_layout) -> (Tensor, Tensor)", _quantize_impl, _quantize_outputs)
+
+_STATS_WORDS = 8  # mxmoe_quant_stats: 6 x i64, 2 x f64 (f64 bits stored as i64)
+
+
+def _quantize_with_stats_impl(x: torch.Tensor, rule: str,
+                              scale_layout: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    if x.is_cuda:
+        stats = torch.empty(_STATS_WORDS, dtype=torch.int64, device=x.device)
+        packed, scales = _quant.quantize(x, rule, scale_layout, device_stats=stats)
+        return packed, scales, stats
+    packed, scales, s = _quant.quantize(x, rule, scale_layout, stats=True)
+    words = struct.unpack("=8q", struct.pack("=6q2d", *(getattr(s, f) for f, _ in _lib.QuantStatsC._fields_)))
+    return packed, scales, torch.tensor(words, dtype=torch.int64)
+
+
+def _quantize_with_stats_fake(x, rule, scale_layout):
+    packed, scales = _quantize_outputs(x, rule, scale_layout)
+    return packed, scales, x.new_empty([_STATS_WORDS], dtype=torch.int64)
+
+
+_op("quantize_with_stats(Tensor x, str rule, str scale_layout) -> (Tensor, Tensor, Tensor)",
+    _quantize_with_stats_impl, _quantize_with_stats_fake)
+
+
+def stats_from_tensor(stats: torch.Tensor) -> QuantStats:
+    """The :class:`~mxmoe.QuantStats` in a ``quantize_with_stats`` stats tensor (copies it to the
+    host: on CUDA this waits for the quantize)."""
+    if stats.dtype != torch.int64 or stats.shape != (_STATS_WORDS,):
+        raise invalid("stats", f"an i64 [{_STATS_WORDS}] statistics tensor",
+                      f"{str(stats.dtype).replace('torch.', '')} {list(stats.shape)}")
+    words = stats.detach().cpu().tolist()
+    return QuantStats(*struct.unpack("=6q2d", struct.pack("=8q", *words)))
+
+
+def _dequantize_impl(packed: torch.Tensor, scales: torch.Tensor, scale_layout: str,
+                     dtype: torch.dtype) -> torch.Tensor:
+    return _quant.dequantize(packed, scales, scale_layout, dtype=dtype)
+
+
+def _dequantize_fake(packed, scales, scale_layout, dtype):
+    _lib.index(_lib.SCALE_LAYOUTS, scale_layout, "scale_layout")
+    if dtype not in (torch.float32, torch.bfloat16):
+        raise invalid("dtype", "f32 | bf16", str(dtype).replace("torch.", ""))
+    if packed.dim() < 2:
+        raise invalid("packed", "a tensor [..., rows, K/2]", f"shape {list(packed.shape)}")
+    return packed.new_empty([*packed.shape[:-1], packed.shape[-1] * 2], dtype=dtype)
+
+
+_op("dequantize(Tensor packed, Tensor scales, str scale_layout, ScalarType dtype) -> Tensor", _dequantize_impl,
+    _dequantize_fake)
+
+
+def _moe_forward_impl(x: torch.Tensor, logits: torch.Tensor | None, topk_ids: torch.Tensor | None,
+                      topk_weights: torch.Tensor | None, layer: int) -> torch.Tensor:
+    return _moe.moe_forward(_moe.live_layer(layer), x, logits=logits, topk_ids=topk_ids, topk_weights=topk_weights)
+
+
+def _moe_forward_fake(x, logits, topk_ids, topk_weights, layer):
+    _moe.live_layer(layer)
+    return torch.empty_like(x, memory_format=torch.contiguous_format)
+
+
+_op("moe_forward(Tensor x, Tensor? logits, Tensor? topk_ids, Tensor? topk_weights, int layer) -> Tensor",
+    _moe_forward_impl, _moe_forward_fake)
+
+
+def quantize(x: torch.Tensor, rule: str = "even",
+             scale_layout: str = "linear") -> tuple[torch.Tensor, torch.Tensor]:
+    """``torch.ops.mxmoe.quantize``: x bf16 | f16 | f32 [..., rows, K] -> (packed u8 [..., rows, K/2],
+    scales u8 [..., rows, K/32] or tiled)."""
+    return torch.ops.mxmoe.quantize(x, rule, scale_layout)
+
+
+def quantize_with_stats(x: torch.Tensor, rule: str = "even",
+                        scale_layout: str = "linear") -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``torch.ops.mxmoe.quantize_with_stats``: also the statistics as an i64 [8] tensor
+    (:func:`stats_from_tensor`)."""
+    return torch.ops.mxmoe.quantize_with_stats(x, rule, scale_layout)
+
+
+def dequantize(packed: torch.Tensor, scales: torch.Tensor, scale_layout: str = "linear",
+               dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """``torch.ops.mxmoe.dequantize``: -> dtype (f32 | bf16) [..., rows, K]."""
+    return torch.ops.mxmoe.dequantize(packed, scales, scale_layout, dtype)
+
+
+def moe_forward(layer: "_moe.PreparedMoE", x: torch.Tensor, *, logits: torch.Tensor | None = None,
+                topk_ids: torch.Tensor | None = None, topk_weights: torch.Tensor | None = None) -> torch.Tensor:
+    """``torch.ops.mxmoe.moe_forward`` on a :class:`~mxmoe.PreparedMoE`: x [T, H] -> out [T, H]
+    of x's dtype (see :func:`mxmoe.moe_forward`)."""
+    return torch.ops.mxmoe.moe_forward.default(x, logits, topk_ids, topk_weights, layer.id)

@@ -1,0 +1,182 @@
+"""The MoE layer through the binding: prepare (copies or uploads what it needs), forward with
+every routing source, dtypes, T = 0; on a GPU the CUDA layer against the CPU backend, CUDA graph
+capture and replay, the current stream. Semantics against a real model's own code are in
+test_hf.py; against the float64 oracle in the C++ tests."""
+
+import pytest
+import torch
+
+import mxmoe
+from conftest import requires_cuda
+
+E, H, I = 8, 96, 64  # H not a multiple of 64: the kernels' K tail
+
+
+def rel_l2(a, b):
+    return ((a.double() - b.double()).norm() / b.double().norm()).item()
+
+
+def make_weights(e=E, h=H, i=I, biases=True):
+    gu = mxmoe.quantize(torch.randn(e, 2 * i, h, dtype=torch.bfloat16) * 0.05, "even")
+    dn = mxmoe.quantize(torch.randn(e, h, i, dtype=torch.bfloat16) * 0.05, "even")
+    w = dict(gate_up_blocks=gu[0].view(e, 2 * i, h // 32, 16), gate_up_scales=gu[1],
+             down_blocks=dn[0].view(e, h, i // 32, 16), down_scales=dn[1])
+    if biases:
+        w.update(gate_up_bias=torch.randn(e, 2 * i) * 0.1, down_bias=torch.randn(e, h) * 0.1)
+    return w
+
+
+CONFIGS = {
+    "qwen3": mxmoe.MoEConfig(E, H, I, routing="softmax_topk", top_k=2, renormalize=True),
+    "mixtral": mxmoe.MoEConfig(E, H, I, routing="softmax_topk", top_k=2, renormalize=False),
+    "gpt_oss": mxmoe.MoEConfig(E, H, I, routing="topk_softmax", top_k=4, activation="swiglu_clamped",
+                               gate_up="interleaved"),
+    "deepseek": mxmoe.MoEConfig(E, H, I, routing="sigmoid_grouped_topk", top_k=3, n_group=4, topk_group=2,
+                                routed_scaling_factor=2.5),
+}
+
+
+def topk_routing(cfg, logits):
+    """ids and weights of softmax_topk / topk_softmax, as the models' own code computes them."""
+    if cfg.routing == "topk_softmax":
+        val, ids = logits.topk(cfg.top_k, dim=-1)
+        return ids.int(), val.softmax(-1)
+    val, ids = logits.softmax(-1).topk(cfg.top_k, dim=-1)
+    if cfg.renormalize:
+        val = val / val.sum(-1, keepdim=True)
+    return ids.int(), val
+
+
+@pytest.mark.parametrize("name", ["qwen3", "mixtral", "gpt_oss"])
+def test_precomputed_routing_matches_logits(name):
+    cfg = CONFIGS[name]
+    layer = mxmoe.prepare(cfg, **make_weights())
+    x, logits = torch.randn(33, H), torch.randn(33, E)
+    out = mxmoe.moe_forward(layer, x, logits=logits)
+    assert out.shape == (33, H) and out.dtype == torch.float32 and out.norm() > 0
+    ids, weights = topk_routing(cfg, logits)
+    assert rel_l2(mxmoe.moe_forward(layer, x, topk_ids=ids, topk_weights=weights), out) < 1e-6
+
+
+def test_router_weights_give_the_logits():
+    w = make_weights()
+    router_weight, router_bias = torch.randn(E, H) * 0.1, torch.randn(E) * 0.1
+    layer = mxmoe.prepare(CONFIGS["deepseek"], correction_bias=torch.randn(E) * 0.01, router_weight=router_weight,
+                          router_bias=router_bias, **w)
+    x = torch.randn(17, H)
+    logits = (x.double() @ router_weight.double().T + router_bias.double()).float()
+    assert rel_l2(mxmoe.moe_forward(layer, x), mxmoe.moe_forward(layer, x, logits=logits)) < 1e-6
+
+
+def test_bf16_weights_match_their_mxfp4_source():
+    w = make_weights(biases=False)
+    cfg = CONFIGS["qwen3"]
+    gate_up = mxmoe.dequantize(w["gate_up_blocks"].view(E, 2 * I, H // 2), w["gate_up_scales"], dtype="bf16")
+    down = mxmoe.dequantize(w["down_blocks"].view(E, H, I // 2), w["down_scales"], dtype="bf16")
+    bf16_layer = mxmoe.prepare(cfg, gate_up=gate_up, down=down)
+    x, logits = torch.randn(9, H), torch.randn(9, E)
+    want = mxmoe.moe_forward(mxmoe.prepare(cfg, **w), x, logits=logits)
+    assert rel_l2(mxmoe.moe_forward(bf16_layer, x, logits=logits), want) < 1e-6
+
+
+def test_prepared_layer_owns_a_copy_of_the_weights():
+    w = make_weights()
+    layer = mxmoe.prepare(CONFIGS["gpt_oss"], **w)
+    assert layer.weight_bytes == sum(t.numel() * t.element_size() for t in w.values())
+    x, logits = torch.randn(6, H), torch.randn(6, E)
+    want = mxmoe.moe_forward(layer, x, logits=logits)
+    for t in w.values():
+        t.zero_()
+    del w
+    assert torch.equal(mxmoe.moe_forward(layer, x, logits=logits), want)
+    with layer:
+        pass
+    assert "closed" in repr(layer)
+
+
+def test_dtypes_and_empty_batch():
+    layer = mxmoe.prepare(CONFIGS["qwen3"], **make_weights())
+    x, logits = torch.randn(5, H), torch.randn(5, E)
+    want = mxmoe.moe_forward(layer, x, logits=logits)
+    got = mxmoe.moe_forward(layer, x.bfloat16(), logits=logits.bfloat16())
+    assert got.dtype == torch.bfloat16 and rel_l2(got, want) < 2e-2  # bf16 inputs and output
+    out = torch.empty(5, H, dtype=torch.bfloat16)
+    assert mxmoe.moe_forward(layer, x, logits=logits, out=out) is out and rel_l2(out, want) < 4e-3
+    assert mxmoe.moe_forward(layer, torch.empty(0, H), logits=torch.empty(0, E)).shape == (0, H)
+
+
+def test_forward_tolerances():
+    assert mxmoe.forward_tolerance("cpu") == 1e-4
+    assert mxmoe.forward_tolerance("cuda") == 4e-3
+
+
+@requires_cuda
+@pytest.mark.parametrize("name", sorted(CONFIGS))
+@pytest.mark.parametrize("tokens", [1, 7, 300])
+def test_cuda_layer_matches_cpu_backend(name, tokens):
+    cfg = CONFIGS[name]
+    w = make_weights()
+    extra = {"correction_bias": torch.randn(E) * 0.01} if cfg.routing == "sigmoid_grouped_topk" else {}
+    cpu_layer = mxmoe.prepare(cfg, **w, **extra)
+    cuda_layer = mxmoe.prepare(cfg, device="cuda", **w, **extra)
+    assert cuda_layer.device == "cuda:0" and cuda_layer.workspace_bytes(tokens) > 0
+    x = torch.randn(tokens, H).bfloat16()
+    logits = torch.randn(tokens, E)
+    want = mxmoe.moe_forward(cpu_layer, x.float(), logits=logits)
+    got = mxmoe.moe_forward(cuda_layer, x.cuda(), logits=logits.cuda())
+    assert got.is_cuda and got.dtype == torch.bfloat16
+    assert rel_l2(got.cpu(), want) <= mxmoe.forward_tolerance("cuda")
+    again = mxmoe.moe_forward(cuda_layer, x.cuda(), logits=logits.cuda())
+    assert torch.equal(got, again)  # deterministic
+
+
+def cuda_problem(name, tokens):
+    """A CUDA layer of CONFIGS[name] and bf16 x, f32 logits for it on the GPU."""
+    layer = mxmoe.prepare(CONFIGS[name], device="cuda", **make_weights())
+    return layer, torch.randn(tokens, H, device="cuda").bfloat16(), torch.randn(tokens, E, device="cuda")
+
+
+@requires_cuda
+def test_cuda_graph_replays_with_new_inputs_bitwise():
+    import mxmoe.torch
+
+    layer, x, logits = cuda_problem("gpt_oss", 16)
+    for _ in range(2):  # warm up (allocator, lazy module loading) outside the capture
+        mxmoe.torch.moe_forward(layer, x, logits=logits)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = mxmoe.torch.moe_forward(layer, x, logits=logits)
+    for _ in range(3):
+        x.copy_(torch.randn(16, H, device="cuda").bfloat16())
+        logits.copy_(torch.randn(16, E, device="cuda"))
+        graph.replay()
+        eager = mxmoe.torch.moe_forward(layer, x, logits=logits)
+        torch.cuda.synchronize()
+        assert torch.equal(out, eager)
+
+
+@requires_cuda
+def test_cuda_forward_runs_on_the_current_stream():
+    layer, x, logits = cuda_problem("qwen3", 64)
+    want = mxmoe.moe_forward(layer, x + 1, logits=logits)
+    side = torch.cuda.Stream()
+    torch.cuda.synchronize()
+    with torch.cuda.stream(side):
+        torch.cuda._sleep(100_000_000)
+        y = x + 1  # written late on this stream
+        got = mxmoe.moe_forward(layer, y, logits=logits)
+    side.synchronize()
+    assert torch.equal(got, want)
+
+
+@requires_cuda
+def test_cuda_out_of_range_ids_are_flagged():
+    layer, x, logits = cuda_problem("qwen3", 4)
+    ids = torch.tensor([[0, 1], [2, E], [3, 4], [5, 6]], dtype=torch.int32, device="cuda")  # E: out of range
+    weights = torch.full((4, 2), 0.5, device="cuda")
+    workspace = torch.empty(layer.workspace_bytes(4), dtype=torch.uint8, device="cuda")
+    mxmoe.moe_forward(layer, x, topk_ids=ids, topk_weights=weights, workspace=workspace)
+    assert layer.read_error_flags(workspace) & 1
+    mxmoe.moe_forward(layer, x, topk_ids=ids.clamp(max=E - 1), topk_weights=weights, workspace=workspace)
+    assert layer.read_error_flags(workspace) == 0

@@ -1,0 +1,270 @@
+// moe/gemm_decode.cuh — the decode GEMM of the MoE layer (both GEMMs), sm_90a: few tokens per
+// expert, so the time is the time to stream the touched experts' MXFP4 weights.
+//
+// C[rows, tokens] = W_e[rows, K] · B[tokens, K]ᵀ for each scheduled tile (expert e, up to BN =
+// 8 * NT sorted token-expert pairs). A CTA has 8 warps; each warp owns one 16-row fragment tile
+// (layout::sm90_fragment) and one of k_groups contiguous K ranges (warps_m = 8 / k_groups row
+// tiles per CTA; k_groups > 1 only when there are too few tiles to fill the GPU, e.g. T = 1).
+//
+// A pipeline stage is kSteps fragment tiles (64 k each) of every warp's K range:
+//   weights (A): each warp's kSteps fragment tiles (a row tile's fragment tiles are contiguous
+//     along K: 2 KB of codes and 128 bytes of scales per stage) copied by the warp's lanes with
+//     cp.async (16 bytes each, L2 evict-first: kSteps + 1 copies a lane) and read back with one
+//     16-byte and one 4-byte shared load per lane and tile; detail::dequant_fragment turns them
+//     into bf16.
+//   activations (B): BN rows x 64 k per fragment tile and K group, gathered with cp.async into
+//     128-byte rows (16-byte chunk c of row r at c ^ (r % 8): ldmatrix reads it without bank
+//     conflicts); rows at or beyond the tile's count are never loaded (the columns they feed are
+//     never stored), the K tail is zero-filled (its weights are zero codes, and 0 * garbage
+//     could be NaN).
+// kStages stages, kStages - 1 in flight (~4.3 KB of weights per warp): one cp.async group per
+// stage and thread, waited for with cp.async.wait_group, so the copies stay in flight across
+// loop iterations. (Loads into registers do not: ptxas waits for every outstanding load at a
+// loop head, which drained a register ring every trip — measured at ~50% of the copy rate.)
+// mma.sync.m16n8k16 per 8-token block in use (the tile's count, rounded up to 8).
+// With k_groups > 1 the partial sums of the K groups are added through shared memory in group
+// order before the epilogue: fixed order, deterministic. fp32 accumulation throughout.
+//
+// Launched as a programmatic dependent (pdl.cuh): GEMM2 (early_weights) reads its tile and starts
+// copying weights before waiting for GEMM1.
+// Limits: K a multiple of 32; rows a multiple of 16; B rows 16-byte aligned; the tile list from
+// the one-CTA plan (at most 65535 tiles).
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include <cute/arch/copy_sm80.hpp>
+#include <cute/arch/mma_sm80.hpp>
+
+#include "mxmoe/layout.h"
+
+#include "dequant.cuh"
+#include "epilogue.cuh"
+#include "kernels.h"
+#include "mma.cuh"
+#include "pdl.cuh"
+
+namespace mxmoe::cuda::sm90 {
+
+template <int NT_>
+struct decode_shape {
+  static constexpr int NT = NT_;                   // 8-token blocks per tile
+  static constexpr int BN = 8 * NT;                // tokens per tile
+  static constexpr int kWarps = kDecodeWarps, kThreads = kWarps * 32;
+  static constexpr int kSteps = 4;                 // fragment tiles per stage and warp
+  static constexpr int kStages = 3;                // stages, kStages - 1 in flight
+  static constexpr int kMaxGroups = 4 / NT;        // so that k_groups * BN <= 32
+  static constexpr int kRowBytes = 128;            // one B row of one fragment tile
+  static constexpr int kCodeBytes = kSteps * layout::sm90_fragment::kTileBytes;        // a warp's codes per stage
+  static constexpr int kScaleBytes = kSteps * layout::sm90_fragment::kTileScaleBytes;  // ... and scales
+  static constexpr int kAWarpBytes = kCodeBytes + kScaleBytes;
+  static constexpr int kAStageBytes = kWarps * kAWarpBytes;  // [warp][codes: step][512 B] [scales: step][32 B]
+  static_assert(kScaleBytes == 16 * 2 * kSteps, "two lanes' 16-byte copies per fragment tile's scales");
+  // B cp.async chunks of a full stage, per thread (each thread always copies the same row and
+  // 16-byte column, for kChunks of the stage's k_groups * kSteps fragment tiles).
+  static constexpr int kChunks = kMaxGroups * kSteps * BN * 8 / kThreads;
+  static constexpr int kTileStride = kThreads / 8 / BN;  // fragment tiles between a thread's chunks
+  static_assert(kChunks * kTileStride == kMaxGroups * kSteps, "chunks cover a stage");
+  static constexpr int b_stage_bytes(int k_groups) { return k_groups * kSteps * BN * kRowBytes; }
+  static constexpr int stage_bytes(int k_groups) { return kAStageBytes + b_stage_bytes(k_groups); }
+  static constexpr int smem_bytes(int k_groups) { return kStages * stage_bytes(k_groups) + 2 * BN * 4; }
+  static_assert(kAStageBytes % 128 == 0, "B stages stay 128-byte aligned");
+};
+
+using decode_8 = decode_shape<1>;
+using decode_16 = decode_shape<2>;
+using decode_32 = decode_shape<4>;
+
+template <class S>
+__global__ void __launch_bounds__(S::kThreads, 2)
+    moe_gemm_decode_kernel(gemm_weights w, const uint16_t* __restrict__ b_rows, moe_workspace ws, int top_k,
+                           epilogue_kind ep, activation_config act, int k_groups, bool early_weights) {
+  extern __shared__ __align__(128) uint8_t smem[];
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int warps_m = S::kWarps / k_groups;
+  const int wm = warp % warps_m, wk = warp / warps_m;
+  const layout::sm90_fragment frag{w.rows, w.cols};
+  const int row_tiles = static_cast<int>(frag.row_tiles()), col_tiles = static_cast<int>(frag.col_tiles());
+  const int K = static_cast<int>(w.cols);
+  const int rt = blockIdx.x * warps_m + wm;
+  const bool active = rt < row_tiles;  // warp-uniform; idle warps still copy B and meet barriers
+
+  // K range of group g: col_tiles split as evenly as possible, the first `rem` groups one longer.
+  const int per = col_tiles / k_groups, rem = col_tiles % k_groups;
+  auto group_begin = [&](int g) { return g * per + (g < rem ? g : rem); };
+  auto group_tiles = [&](int g) { return per + (g < rem ? 1 : 0); };
+  const int kt0 = group_begin(wk), nk = group_tiles(wk);
+  const int num_stages = (group_tiles(0) + S::kSteps - 1) / S::kSteps;
+
+  // Stage s lives at smem + (s % kStages) * stage_bytes: [A: warps][2176 B] [B: tiles][BN][128 B].
+  const int stage_bytes = S::stage_bytes(k_groups);
+  const uint32_t smem_u32 = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
+  auto next_slot = [&](uint32_t off) { return off + stage_bytes == S::kStages * stage_bytes ? 0u : off + stage_bytes; };
+
+  if (!early_weights) detail::wait_for_previous_grid();
+  if (static_cast<int>(blockIdx.y) >= __ldcg(ws.num_tiles)) return;
+  const int* tdp = reinterpret_cast<const int*>(ws.tiles + blockIdx.y);
+  const tile_desc td{__ldcg(tdp), __ldcg(tdp + 1), __ldcg(tdp + 2)};
+
+  // Weights: fragment tiles kt0.. of row tile rt. Per stage this lane copies its 16 code bytes of
+  // each of the kSteps tiles, and lanes < 2 * kSteps 16 of the stage's kSteps * 32 scale bytes.
+  // The copy state advances one stage per call (a_left <= 0: nothing left to copy).
+  const int64_t tile0 = static_cast<int64_t>(rt) * col_tiles + kt0;
+  const uint8_t* a_src = w.codes + td.expert * w.expert_code_stride + tile0 * 512 + lane * 16;
+  const uint8_t* s_src = w.scales + td.expert * w.expert_scale_stride + tile0 * 32 + lane * 16;
+  const uint32_t a_dst = smem_u32 + warp * S::kAWarpBytes + lane * 16;
+  // The stage's fragment tile whose scale bytes this lane copies (lanes >= 2 * kSteps copy none).
+  const int s_tile = lane < 2 * S::kSteps ? lane / 2 : 1 << 30;
+  int a_left = active ? nk : 0;
+  const uint64_t policy = detail::l2_evict_first_policy();
+  auto load_a_stage = [&](uint32_t slot) {
+#pragma unroll
+    for (int i = 0; i < S::kSteps; ++i)
+      if (i < a_left) detail::cp_async_16_stream(a_dst + slot + i * 512, a_src + i * 512, policy);
+    if (s_tile < a_left) detail::cp_async_16_stream(a_dst + slot + S::kCodeBytes, s_src, policy);
+    a_src += S::kSteps * 512;
+    s_src += S::kSteps * 32;
+    a_left -= S::kSteps;
+  };
+  uint32_t load_slot = 0;
+#pragma unroll
+  for (int s = 0; s < S::kStages - 1; ++s) {
+    load_a_stage(load_slot);
+    load_slot = next_slot(load_slot);
+  }
+  if (early_weights) detail::wait_for_previous_grid();
+  detail::allow_dependent_launch();
+
+  // Per B row: the activation row it reads, and (GEMM2) the pair it writes.
+  int* row_src = reinterpret_cast<int*>(smem + S::kStages * stage_bytes);
+  int* row_pair = row_src + S::BN;
+  detail::load_tile_rows(td, ws, ep, top_k, S::BN, row_src, row_pair);
+  __syncthreads();
+
+  // This thread's B chunks: row cr, 16-byte column cq, fragment tiles ct0 + i * kTileStride of a
+  // stage (stage tile index = group * kSteps + step). Per chunk: the source of the next stage to
+  // copy, the elements left in the row from there (<= 0: the K tail, zero-filled), and the
+  // fragment tiles left in its K group (<= 0: nothing to copy).
+  const int cq = tid & 7, cr = (tid >> 3) % S::BN, ct0 = (tid >> 3) / S::BN;
+  const bool c_row = cr < td.count;
+  const uint16_t* c_row_src = b_rows + (c_row ? static_cast<int64_t>(row_src[cr]) * K : 0) + cq * 8;
+  const uint32_t c_dst = smem_u32 + static_cast<uint32_t>(S::kAStageBytes + (ct0 * S::BN + cr) * S::kRowBytes +
+                                                          ((cq ^ (cr & 7)) << 4));
+  const uint16_t* b_src[S::kChunks];
+  int b_kleft[S::kChunks], b_left[S::kChunks];
+#pragma unroll
+  for (int i = 0; i < S::kChunks; ++i) {
+    const int st = ct0 + i * S::kTileStride, g = st / S::kSteps, step = st % S::kSteps;
+    const bool in = c_row && g < k_groups;
+    const int koff = in ? (group_begin(g) + step) * 64 : 0;
+    b_src[i] = c_row_src + koff;
+    b_kleft[i] = K - koff - cq * 8;
+    b_left[i] = in ? group_tiles(g) - step : 0;
+  }
+  auto load_b_stage = [&](uint32_t slot) {
+#pragma unroll
+    for (int i = 0; i < S::kChunks; ++i) {
+      if (b_left[i] > 0)
+        detail::cp_async_16_zfill(c_dst + slot + i * S::kTileStride * S::BN * S::kRowBytes,
+                                  b_kleft[i] > 0 ? b_src[i] : c_row_src, b_kleft[i] > 0);
+      b_src[i] += S::kSteps * 64;
+      b_kleft[i] -= S::kSteps * 64;
+      b_left[i] -= S::kSteps;
+    }
+  };
+  // One cp.async group per stage: group 0 = A stages 0 .. kStages-2 and B stage 0, group s = B
+  // stage s for s < kStages - 1, then group s = A and B of stage s, committed kStages - 1 earlier.
+  load_slot = 0;
+#pragma unroll
+  for (int s = 0; s < S::kStages - 1; ++s) {
+    load_b_stage(load_slot);
+    load_slot = next_slot(load_slot);
+    cute::cp_async_fence();
+  }
+
+  // ldmatrix row addresses of each 8-token block: lane l reads row 8n + l % 8 (row 0 instead when
+  // that token is beyond the count: its column is never stored) at 16-byte chunk 2j + l / 8 for
+  // the k16 pair (j, j + 1), j = 0 or 2.
+  uint32_t b_off[S::NT][2];
+#pragma unroll
+  for (int n = 0; n < S::NT; ++n) {
+    const int row = 8 * n + (lane & 7) < td.count ? 8 * n + (lane & 7) : 0;
+#pragma unroll
+    for (int h = 0; h < 2; ++h)
+      b_off[n][h] = smem_u32 + static_cast<uint32_t>(S::kAStageBytes + wk * S::kSteps * S::BN * S::kRowBytes +
+                                                     row * S::kRowBytes + (((4 * h + (lane >> 3)) ^ (row & 7)) << 4));
+  }
+  const int blocks_used = (td.count + 7) / 8;
+  const uint8_t* a_smem = smem + warp * S::kAWarpBytes;
+
+  float acc[S::NT][4];
+#pragma unroll
+  for (int n = 0; n < S::NT; ++n)
+#pragma unroll
+    for (int q = 0; q < 4; ++q) acc[n][q] = 0.0f;
+
+  uint32_t use_slot = 0;
+  for (int st = 0; st < num_stages; ++st) {
+    cute::cp_async_wait<S::kStages - 2>();
+    __syncthreads();  // stage st is in; every warp is done with stage st - 1, whose slot is refilled
+    if (st + S::kStages - 1 < num_stages) {
+      load_a_stage(load_slot);
+      load_b_stage(load_slot);
+    }
+    cute::cp_async_fence();
+    load_slot = next_slot(load_slot);
+    const uint32_t slot = use_slot;
+    use_slot = next_slot(use_slot);
+    if (!active) continue;
+    // Fragment tile i of the stage: dequantize, then one mma per 8-token block in use.
+    auto consume_tile = [&](int i) {
+      const uint8_t* sa = a_smem + slot;
+      uint32_t a[4][4];
+      detail::dequant_fragment(*reinterpret_cast<const uint4*>(sa + i * 512 + lane * 16),
+                               *reinterpret_cast<const uint32_t*>(sa + S::kCodeBytes + i * 32 + (lane >> 2) * 4), a);
+#pragma unroll
+      for (int n = 0; n < S::NT; ++n) {
+        if (n > 0 && n >= blocks_used) break;  // block 0 is always in use
+        uint32_t b[4][2];
+        const uint32_t bt = slot + i * S::BN * S::kRowBytes;
+        detail::ldsm_x4(b_off[n][0] + bt, b[0][0], b[0][1], b[1][0], b[1][1]);
+        detail::ldsm_x4(b_off[n][1] + bt, b[2][0], b[2][1], b[3][0], b[3][1]);
+        float* c = acc[n];
+#pragma unroll
+        for (int j = 0; j < 4; ++j)
+          cute::SM80_16x8x16_F32BF16BF16F32_TN::fma(c[0], c[1], c[2], c[3], a[j][0], a[j][1], a[j][2], a[j][3],
+                                                    b[j][0], b[j][1], c[0], c[1], c[2], c[3]);
+      }
+    };
+    const int tiles = nk - st * S::kSteps;  // >= 1
+    if (tiles >= S::kSteps) {
+#pragma unroll
+      for (int i = 0; i < S::kSteps; ++i) consume_tile(i);
+    } else {
+      for (int i = 0; i < tiles; ++i) consume_tile(i);  // the K range's last, partial stage
+    }
+  }
+  cute::cp_async_wait<0>();
+  __syncthreads();  // the stages are free: the K groups' partial sums go there
+
+  if (k_groups > 1) {
+    float* red = reinterpret_cast<float*>(smem);  // [k_groups - 1][warps_m][NT][4][32]
+    if (wk > 0 && active)
+#pragma unroll
+      for (int n = 0; n < S::NT; ++n)
+#pragma unroll
+        for (int q = 0; q < 4; ++q) red[((((wk - 1) * warps_m + wm) * S::NT + n) * 4 + q) * 32 + lane] = acc[n][q];
+    __syncthreads();
+    if (wk == 0 && active)
+      for (int g = 1; g < k_groups; ++g)
+#pragma unroll
+        for (int n = 0; n < S::NT; ++n)
+#pragma unroll
+          for (int q = 0; q < 4; ++q) acc[n][q] += red[((((g - 1) * warps_m + wm) * S::NT + n) * 4 + q) * 32 + lane];
+  }
+  if (wk == 0 && active) detail::store_row_tile<S::NT>(acc, rt, 0, td, row_pair, w, ws, ep, act);
+}
+
+}  // namespace mxmoe::cuda::sm90

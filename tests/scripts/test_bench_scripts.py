@@ -1,0 +1,125 @@
+#!/usr/bin/env python3
+"""CPU checks of the benchmark scripts, standard library only (CI installs no Python packages):
+  * bench/peer_triton.py's shape table agrees with src/base/presets.cpp, the one the C++ side uses;
+  * scripts/gpu_summary.py prints the peer column (peer µs, mxmoe/peer) or says why the peer did
+    not run, for the results bench_moe and bench/peer_triton.py write.
+    python3 tests/scripts/test_bench_scripts.py
+"""
+import ast
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import unittest
+
+ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
+
+
+def read(*path):
+    with open(os.path.join(ROOT, *path)) as f:
+        return f.read()
+
+
+def peer_shapes():
+    """SHAPES of bench/peer_triton.py, read without importing it (that needs torch)."""
+    tree = ast.parse(read("bench", "peer_triton.py"))
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and any(getattr(t, "id", None) == "SHAPES" for t in node.targets):
+            return ast.literal_eval(node.value)
+    raise AssertionError("bench/peer_triton.py has no SHAPES table")
+
+
+def cpp_presets():
+    """name -> (E, H, I, k, routing, n_group, topk_group, scaling, biases) from src/base/presets.cpp."""
+    src = read("src", "base", "presets.cpp")
+    presets = {}
+    pattern = (r'\{"([\w.-]+)",\s*make\((\d+),\s*(\d+),\s*(\d+),\s*(\w+)\(([^)]*)\),\s*activation_kind::\w+,'
+               r'\s*layout::gate_up_order::\w+\),\s*(true|false)\}')
+    for name, e, h, i, kind, args, biases in re.findall(pattern, src):
+        a = [x.strip().rstrip("f") for x in args.split(",")]
+        if kind == "grouped":  # grouped(k, n_group, topk_group, scale)
+            routing = ("sigmoid_grouped_topk", int(a[0]), int(a[1]), int(a[2]), float(a[3]))
+        else:  # topk_softmax(k) | softmax_topk(k)
+            routing = (kind, int(a[0]), 1, 1, 1.0)
+        presets[name] = (int(e), int(h), int(i), routing[1], routing[0], routing[2], routing[3], routing[4],
+                         biases == "true")
+    return presets
+
+
+class PeerShapes(unittest.TestCase):
+    def test_peer_table_matches_the_presets(self):
+        presets = cpp_presets()
+        self.assertEqual(len(presets), 6, "the presets.cpp pattern no longer matches its table")
+        self.assertEqual(peer_shapes(), presets)
+
+
+def moe_row(shape, tokens, us, peer_us):
+    return {"shape": shape, "tokens": tokens, "experts": 128, "topk": 4, "hidden": 2880, "intermediate": 2880,
+            "touched_experts": 4.0, "us": us, "floor_us": us / 2, "torch_bf16_us": 2 * us, "peer_us": peer_us,
+            "tflops": 1.0, "gbps": 100.0}
+
+
+def summary(files):
+    with tempfile.TemporaryDirectory() as out:
+        for name, obj in files.items():
+            with open(os.path.join(out, name), "w") as f:
+                json.dump(obj, f)
+        run = subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "gpu_summary.py"), out],
+                             capture_output=True, text=True)
+    if run.returncode != 0:
+        raise AssertionError(f"gpu_summary.py failed:\n{run.stderr}")
+    return run.stdout
+
+
+PEER = {"name": "triton_kernels matmul_ogs (vLLM 0.33.0)", "version": "vllm==0.33.0; triton 3.6.0; torch 2.11.0"}
+
+
+class SummaryPeerColumn(unittest.TestCase):
+    def test_peer_us_and_ratio_per_point(self):
+        moe = {"gpu": "NVIDIA H200", "copy_tbps": 4.0, "bf16_tflops": 700, "peer": PEER,
+               "rows": [moe_row("gpt-oss-120b", 1, 40.0, 64.0), moe_row("gpt-oss-120b", 8, 150.0, None)]}
+        peer = {"peer": PEER, "available": True, "complete": True, "rows": [
+            {"shape": "gpt-oss-120b", "tokens": 1, "us": 64.0, "rel_l2": 3.3e-3},
+            {"shape": "gpt-oss-120b", "tokens": 8, "error": "OutOfMemoryError: no room"}]}
+        text = summary({"bench_moe.json": moe, "peer.json": peer})
+        self.assertIn("peer_us", text)
+        self.assertIn("mx/peer", text)
+        row1 = next(line for line in text.splitlines() if re.match(r"\s+gpt-oss-120b\s+1\s", line))
+        self.assertRegex(row1, r"\s64\.0\s+0\.62\s")  # 40 / 64
+        row8 = next(line for line in text.splitlines() if re.match(r"\s+gpt-oss-120b\s+8\s", line))
+        self.assertRegex(row8, r"\s-\s+-\s")
+        self.assertIn("peer did not run at gpt-oss-120b T=8: OutOfMemoryError: no room", text)
+        self.assertIn("max 3.30e-03 (gpt-oss-120b T=1)", text)
+        self.assertIn("vllm==0.33.0", text)
+        self.assertNotIn("incomplete", text)
+
+    def test_says_why_when_the_peer_did_not_run(self):
+        moe = {"gpu": "NVIDIA H200", "copy_tbps": 4.0, "bf16_tflops": 700, "peer": None,
+               "peer_reason": ".peer/triton_kernels is absent: run scripts/fetch_peer.sh",
+               "rows": [moe_row("qwen3-30b-a3b", 1, 30.0, None)]}
+        text = summary({"bench_moe.json": moe})
+        self.assertIn("peer did not run: .peer/triton_kernels is absent: run scripts/fetch_peer.sh", text)
+        row = next(line for line in text.splitlines() if re.match(r"\s+qwen3-30b-a3b\s+1\s", line))
+        self.assertRegex(row, r"\s-\s+-\s")
+
+    def test_results_without_a_peer_field_say_so(self):
+        # bench_moe.json of runs before the peer column existed
+        moe = {"gpu": "NVIDIA H200", "copy_tbps": 4.0, "bf16_tflops": 700, "rows": [moe_row("kimi-k2", 1, 90.0, None)]}
+        self.assertIn("peer did not run: no peer in this run", summary({"bench_moe.json": moe}))
+
+    def test_incomplete_peer_run_is_reported(self):
+        moe = {"gpu": "NVIDIA H200", "copy_tbps": 4.0, "bf16_tflops": 700, "peer": PEER,
+               "rows": [moe_row("gpt-oss-20b", 1, 40.0, 50.0)]}
+        peer = {"peer": PEER, "available": True, "complete": False,
+                "rows": [{"shape": "gpt-oss-20b", "tokens": 1, "us": 50.0, "rel_l2": 2e-3}]}
+        self.assertIn("peer run incomplete", summary({"bench_moe.json": moe, "peer.json": peer}))
+
+    def test_peer_alone(self):
+        peer = {"peer": None, "available": False, "reason": "no CUDA device", "rows": []}
+        self.assertIn("peer did not run: no CUDA device", summary({"peer.json": peer}))
+
+
+if __name__ == "__main__":
+    unittest.main(verbosity=2)
