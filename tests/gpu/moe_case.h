@@ -70,10 +70,14 @@ inline error_stats compare(const std::vector<uint16_t>& gpu, const std::vector<f
   return s;
 }
 
-inline void expect_close(const std::vector<uint16_t>& gpu, const std::vector<float>& ref, const std::string& what) {
+// rel_l2_bound: the documented layer tolerance, which assumes the output's norm is spread over many
+// elements (each of the three bf16 roundings then contributes ~2^-9/sqrt(3)); see kDominantElementsRelL2
+// in test_gpu_moe.cpp.
+inline void expect_close(const std::vector<uint16_t>& gpu, const std::vector<float>& ref, const std::string& what,
+                         double rel_l2_bound = cuda::kForwardRelL2Tolerance) {
   const error_stats s = compare(gpu, ref);
   EXPECT_EQ(s.nonfinite, 0) << what;
-  EXPECT_LE(s.rel_l2, cuda::kForwardRelL2Tolerance) << what << " max_err " << s.max_err << " max_ref " << s.max_ref;
+  EXPECT_LE(s.rel_l2, rel_l2_bound) << what << " max_err " << s.max_err << " max_ref " << s.max_ref;
   EXPECT_LE(s.max_err, cuda::kForwardMaxErrTolerance * s.max_ref) << what << " rel_l2 " << s.rel_l2;
   std::printf("  %-40s rel_l2 %.2e  max_err/max_ref %.2e\n", what.c_str(), s.rel_l2,
               s.max_ref > 0 ? s.max_err / s.max_ref : 0.0);

@@ -79,6 +79,14 @@ INSTANTIATE_TEST_SUITE_P(
 // there); with the synthetic layer's scale bytes replaced by uniform bytes 0..140 most fragment
 // tiles mix them with the one-multiply bytes. Decode
 // (T = 1, 9, 20) and wgmma (T = 200) tiles.
+// Scale bytes spread over 0..140 (2^-127 .. 2^13 per block) make a handful of products carry
+// the whole output norm, so rel-L2 is the relative error of those few elements and the averaging
+// behind the layer tolerance does not apply. Their error is three bf16 roundings (activation,
+// weighted expert output, output) of at most 2^-9 each, about 3 * 2^-9 = 5.9e-3 when they add
+// up: the bound used here. Measured on an H200 (2026-12-01): 5.07e-3 at T = 9, 4.24e-3 at T = 200.
+// The max-error check (1.5e-2 of max |ref|) stays as everywhere.
+constexpr double kDominantElementsRelL2 = 3.0 / 512;
+
 TEST(GpuMoeScales, ZeroAndLargeScaleBytes) {
   std::mt19937 rng(41);
   const moe_config cfg = make_cfg(8, 96, 160, 2, routing_kind::softmax_topk, activation_kind::silu_mul,
@@ -89,7 +97,7 @@ TEST(GpuMoeScales, ZeroAndLargeScaleBytes) {
     for (auto& b : *scales) b = static_cast<uint8_t>(wide(rng));
   for (int64_t T : {1, 9, 20, 200}) {
     const run_result r = run_case(m, T, routing_mode::logits_f32, rng);
-    expect_close(r.out, r.ref, "scale bytes 0..140 T=" + std::to_string(T));
+    expect_close(r.out, r.ref, "scale bytes 0..140 T=" + std::to_string(T), kDominantElementsRelL2);
   }
 }
 
