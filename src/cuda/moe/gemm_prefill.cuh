@@ -47,7 +47,6 @@
 
 #include <algorithm>
 #include <cstdint>
-#include <type_traits>
 #include <utility>
 
 #include <cute/arch/copy_sm90_desc.hpp>
@@ -178,22 +177,33 @@ __device__ __forceinline__ void release_activations(const prefill_smem<Cfg>& sm,
 }
 
 // The four wgmma m64nNk16 of one K-step (k16 steps j = 0..3 of the slot's 64 k), N = 16·n16:
-// acc[0, N/2) accumulate, the rest of acc is not touched.
+// acc[0, N/2) accumulate, the rest of acc is not touched. `desc` describes the slot; k16 step j
+// starts 32 bytes further, i.e. 2 j more in the descriptor's start-address field (16-byte units,
+// bits 0..13: shared addresses stay below 2^18, so adding 6 never carries out of it).
 // The fence and the commit sit in the same branch as the wgmmas (else ptxas injects fences).
 template <int N>
-__device__ __forceinline__ void wgmma_kstep(const uint32_t (&a)[4][4], const uint8_t* sb, float* acc) {
+__device__ __forceinline__ void wgmma_kstep(const uint32_t (&a)[4][4], uint64_t desc, float* acc) {
   cute::warpgroup_arrive();
+  const uint32_t lo = static_cast<uint32_t>(desc);
+  const uint64_t hi = desc & ~uint64_t{0xFFFFFFFFu};
 #pragma unroll
   for (int j = 0; j < 4; ++j)
-    detail::wgmma_call<N>(a[j], detail::sw128_desc(sb + j * 32), acc, std::make_index_sequence<N / 2>{});
+    detail::wgmma_call<N>(a[j], hi | (lo + 2 * j), acc, std::make_index_sequence<N / 2>{});
   cute::warpgroup_commit_batch();
 }
-// Widest first: full tiles are the common case.
-template <class Cfg, int... I>
-__device__ __forceinline__ void wgmma_kstep(int n16, const uint32_t (&a)[4][4], const uint8_t* sb, float* acc,
-                                            std::integer_sequence<int, I...>) {
-  constexpr int kWidths = Cfg::NMAX / Cfg::N_STEP;
-  ((n16 == kWidths - I ? wgmma_kstep<(kWidths - I) * Cfg::N_STEP>(a, sb, acc) : void()), ...);
+// The instruction for widths LO..HI (in N_STEP units) picked by bisection: about log2(WIDTHS)
+// uniform branches per K-step instead of one test per width.
+template <class Cfg, int LO, int HI>
+__device__ __forceinline__ void wgmma_kstep(int n16, const uint32_t (&a)[4][4], uint64_t desc, float* acc) {
+  if constexpr (LO == HI) {
+    wgmma_kstep<LO * Cfg::N_STEP>(a, desc, acc);
+  } else {
+    constexpr int MID = (LO + HI) / 2;
+    if (n16 <= MID)
+      wgmma_kstep<Cfg, LO, MID>(n16, a, desc, acc);
+    else
+      wgmma_kstep<Cfg, MID + 1, HI>(n16, a, desc, acc);
+  }
 }
 
 // One K-step of a warpgroup on the activation slot, then a wait until only these wgmmas are in
@@ -212,7 +222,7 @@ __device__ __forceinline__ void mma_kstep(const prefill_smem<Cfg>& sm, int n16, 
   for (int j = 0; j < 4; ++j)
 #pragma unroll
     for (int r = 0; r < 4; ++r) cute::warpgroup_fence_operand(a[j][r]);
-  wgmma_kstep<Cfg>(n16, a, sm.b_slot(b.slot), acc, std::make_integer_sequence<int, Cfg::NMAX / Cfg::N_STEP>{});
+  wgmma_kstep<Cfg, 1, Cfg::WIDTHS>(n16, a, detail::sw128_desc(sm.b_slot(b.slot)), acc);
   cute::warpgroup_wait<1>();
 #pragma unroll
   for (int i = 0; i < Cfg::NMAX / 2; ++i) cute::warpgroup_fence_operand(acc[i]);
