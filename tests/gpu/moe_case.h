@@ -235,22 +235,44 @@ inline void graph_kernel_names(cudaGraph_t graph, std::vector<std::string>* name
   }
 }
 
-// The names of the kernels one forward of `layer` launches for T tokens routed by logits: the
-// forward is captured into a graph that is never run.
-inline void forward_kernel_names(const cuda::moe_layer& layer, int64_t T, std::vector<std::string>* names) {
+// One forward of `layer` for T tokens routed by f32 logits, captured in a CUDA graph (nothing
+// runs at capture); its buffers are what a replay reads and writes (the workspace 0xFF-filled).
+struct captured_forward {
+  cuda::device_buffer x, logits, out, ws;
+  cudaGraph_t graph = nullptr;
+  captured_forward() = default;
+  captured_forward(const captured_forward&) = delete;
+  captured_forward& operator=(const captured_forward&) = delete;
+  ~captured_forward() {
+    if (graph) cudaGraphDestroy(graph);
+  }
+};
+
+inline void capture_forward(const cuda::moe_layer& layer, int64_t T, cudaStream_t stream, captured_forward* c) {
   const moe_config& cfg = layer.config();
   const int64_t H = cfg.shape.hidden, E = cfg.shape.experts;
-  cuda::device_buffer dx(T * H * 2), dlog(T * E * 4), dout(T * H * 2), ws(layer.workspace_bytes(T));
+  c->x = cuda::device_buffer(T * H * 2);
+  c->logits = cuda::device_buffer(T * E * 4);
+  c->out = cuda::device_buffer(T * H * 2);
+  c->ws = cuda::device_buffer(layer.workspace_bytes(T));
+  c->ws.fill(0xFF);
+  routing_input ri;
+  ri.logits = c->logits.view(dtype::f32, {T, E});
+  CUDA_OK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+  layer.forward(c->x.view(dtype::bf16, {T, H}), ri, c->out.view(dtype::bf16, {T, H}), c->ws.data(), c->ws.size(),
+                stream);
+  CUDA_OK(cudaStreamEndCapture(stream, &c->graph));
+}
+
+// The names of the kernels one forward of `layer` launches for T tokens routed by logits.
+inline void forward_kernel_names(const cuda::moe_layer& layer, int64_t T, std::vector<std::string>* names) {
   cudaStream_t stream;
   CUDA_OK(cudaStreamCreate(&stream));
-  routing_input ri;
-  ri.logits = dlog.view(dtype::f32, {T, E});
-  cudaGraph_t graph;
-  CUDA_OK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
-  layer.forward(dx.view(dtype::bf16, {T, H}), ri, dout.view(dtype::bf16, {T, H}), ws.data(), ws.size(), stream);
-  CUDA_OK(cudaStreamEndCapture(stream, &graph));
-  graph_kernel_names(graph, names);
-  cudaGraphDestroy(graph);
+  {
+    captured_forward c;
+    capture_forward(layer, T, stream, &c);
+    if (c.graph) graph_kernel_names(c.graph, names);
+  }
   cudaStreamDestroy(stream);
 }
 
@@ -270,34 +292,28 @@ inline void expect_graph_replays(const cuda::moe_layer& layer, const moe_weights
   cudaStream_t stream;
   CUDA_OK(cudaStreamCreate(&stream));
   for (const int64_t T : tokens) {
-    cuda::device_buffer dx(T * H * 2), dlog(T * E * 4), dout(T * H * 2), ws(layer.workspace_bytes(T));
-    ws.fill(0xFF);
-    routing_input ri;
-    ri.logits = dlog.view(dtype::f32, {T, E});
-    cudaGraph_t graph;
-    CUDA_OK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
-    layer.forward(dx.view(dtype::bf16, {T, H}), ri, dout.view(dtype::bf16, {T, H}), ws.data(), ws.size(), stream);
-    CUDA_OK(cudaStreamEndCapture(stream, &graph));
-    if (kernels) graph_kernel_names(graph, kernels);
+    captured_forward c;
+    capture_forward(layer, T, stream, &c);
+    if (c.graph == nullptr) break;  // capture_forward reported the failure
+    if (kernels) graph_kernel_names(c.graph, kernels);
     cudaGraphExec_t exec;
-    CUDA_OK(cudaGraphInstantiate(&exec, graph, 0));
+    CUDA_OK(cudaGraphInstantiate(&exec, c.graph, 0));
     for (int rep = 0; rep < 3; ++rep) {  // new inputs each replay, copied into the captured buffers
       const std::vector<uint16_t> x = random_bf16(static_cast<size_t>(T * H), 1.0f, rng);
       std::vector<float> logits(static_cast<size_t>(T * E));
       std::normal_distribution<float> nd(0.0f, 2.0f);
       for (auto& l : logits) l = nd(rng);
-      dx.upload(x.data(), x.size() * 2);
-      dlog.upload(logits.data(), logits.size() * 4);
-      dout.fill(0xFF);
+      c.x.upload(x.data(), x.size() * 2);
+      c.logits.upload(logits.data(), logits.size() * 4);
+      c.out.fill(0xFF);
       CUDA_OK(cudaGraphLaunch(exec, stream));
       CUDA_OK(cudaStreamSynchronize(stream));
       std::vector<uint16_t> out(static_cast<size_t>(T * H));
-      dout.download(out.data(), out.size() * 2);
+      c.out.download(out.data(), out.size() * 2);
       expect_close(out, reference_by_logits(x, logits, w, cfg, T, reference_precision(cfg, T)),
                    "graph replay T=" + std::to_string(T) + " " + std::to_string(rep));
     }
     cudaGraphExecDestroy(exec);
-    cudaGraphDestroy(graph);
   }
   cudaStreamDestroy(stream);
 }
