@@ -10,6 +10,8 @@
 #   (scripts/fetch_peer.sh; MXMOE_PEER_DIR elsewhere); when absent or failing, peer.json says why
 #   python: python/tests on the GPU (torch ops on CUDA, CUDA graphs, the Hugging Face models),
 #   with the source package and $MXMOE_LIBRARY (default $BIN/../lib/libmxmoe_c.so): no install
+#   moe-prefill (not in the default steps): the layer benchmark again with MXMOE_MOE_PATH=prefill
+#   (the experimental prefill GEMMs, docs/moe_layer.md) into bench_moe_prefill.json, after `moe`
 #   MXMOE_TOKENS   token counts for the layer benchmark (default 1,8,32,64,128,512,2048,8192,16384)
 #   MXMOE_SHAPES   shapes (default: the six of docs/models.md)
 #   MXMOE_COMMIT   commit recorded in the JSON
@@ -38,7 +40,7 @@ if has tests; then
 fi
 if has sanitize; then
   # Small cases only: the sanitizers slow kernels down 10-100x.
-  FILTER='*tiny_silu*:*odd_k_swiglu_bias*:GpuMoeRouting.*:GpuMoeGraph.*:GpuQuantize*Small*:*MseClose*bf16*:*AsyncStatistics*:*Bad*'
+  FILTER='*tiny_silu*:*odd_k_swiglu_bias*:GpuMoeRouting.*:GpuMoeGraph.*:GpuMoePrefillSanitize.*:GpuQuantize*Small*:*MseClose*bf16*:*AsyncStatistics*:*Bad*'
   for tool in memcheck racecheck; do
     step "compute-sanitizer $tool"
     timeout 300 compute-sanitizer --tool "$tool" --error-exitcode 9 "$BIN/mxmoe_gpu_tests" --gtest_filter="$FILTER" \
@@ -103,6 +105,11 @@ if has moe; then
   timeout 480 "$BIN/bench_moe" --shapes "$SHAPES" --tokens "$TOKENS" --json "$OUT/bench_moe.json" --commit "$COMMIT" $tj $pj \
     2>&1 | tee -a "$LOG" || status=1
   [ -f "$OUT/bench_moe.json" ] && python3 bench/plot_roofline.py "$OUT/bench_moe.json" "$OUT/roofline.png" >>"$LOG" 2>&1
+fi
+if has moe-prefill; then
+  step "MoE layer benchmark, MXMOE_MOE_PATH=prefill (experimental)"
+  MXMOE_MOE_PATH=prefill timeout 480 "$BIN/bench_moe" --shapes "$SHAPES" --tokens "$TOKENS" \
+    --json "$OUT/bench_moe_prefill.json" --commit "$COMMIT (MXMOE_MOE_PATH=prefill)" 2>&1 | tee -a "$LOG" || status=1
 fi
 if has python; then
   step "Python tests on the GPU"
