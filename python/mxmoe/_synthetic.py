@@ -49,9 +49,10 @@ def find_preset(name: str) -> Preset:
 
 def synthetic_layer(config: MoEConfig | str, seed: int = 0, *, biases: bool | None = None,
                     correction_bias: bool = False, experts: int | None = None) -> MoEWeights:
-    """A random MXFP4 layer in the checkpoint layout (synthetic::make_layer): every code byte
-    uniform, scale bytes centred so that each GEMM output is O(1) for x ~ N(0, 1); biases bf16
-    N(0, 0.1); the correction bias f32 N(0, 0.1). Deterministic in ``seed``.
+    """A random MXFP4 layer in the checkpoint layout (synthetic::make_layer; the recipe is
+    include/mxmoe/synthetic.h's): every code byte uniform, scale bytes centred so that each GEMM
+    output is O(1) for x ~ N(0, 1), small normal bf16 biases and f32 correction bias.
+    Deterministic in ``seed``.
 
     Args:
         config: a :class:`MoEConfig`, or a preset name (:func:`presets`).

@@ -3,8 +3,12 @@ fused BF16 experts, Qwen3-MoE's per-expert names), a layer read or prepared from
 conversion to MXFP4 and back with the report and progress; bad files and bad arguments raise
 the library's errors and leave nothing behind."""
 
+import contextlib
 import errno
+import io
 import os
+import shutil
+from pathlib import Path
 
 import pytest
 import torch
@@ -232,3 +236,16 @@ def test_cuda_layer_from_a_file(saved, tmp_path):
     out = mxmoe.moe_forward(layer, x.cuda(), logits=logits.cuda())
     result = mxmoe.verify(weights, x, out, logits=logits)
     assert result.passed and result.tolerance == mxmoe.forward_tolerance("cuda"), result
+
+
+def test_the_docs_example_runs(saved, tmp_path, monkeypatch):
+    """The first Python block of docs/python.md's Example, on a tiny gpt-oss saved by transformers."""
+    text = (Path(__file__).resolve().parents[2] / "docs" / "python.md").read_text()
+    example = text.split("## Example", 1)[1].split("```python\n", 1)[1].split("```", 1)[0]
+    shutil.copy(saved["gpt_oss"][1], tmp_path / "bf16.safetensors")
+    monkeypatch.chdir(tmp_path)
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        exec(compile(example, "docs/python.md", "exec"), {})
+    lines = printed.getvalue().splitlines()
+    assert lines[0].startswith("4 MXFP4 tensors, SQNR ") and lines[1].startswith("passed vs the cpu f64 reference")
