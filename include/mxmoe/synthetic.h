@@ -6,7 +6,7 @@
 // nibbles); the scale bytes of a weight with reduction length K uniform in
 // [scale_centre(K) - 1, scale_centre(K) + 1], where 2^(scale_centre(K) - 127) ~ 1 / (2.93 sqrt(K))
 // (2.93 is the RMS of a uniformly random E2M1 value), so that with x ~ N(0, 1) every GEMM output
-// is O(1). Biases bf16 N(0, 0.1); the correction bias f32 N(0, 0.1). Inputs: x ~ N(0, 1) rounded
+// is O(1). Biases bf16 N(0, 0.1); the correction bias f32 N(0, 0.05). Inputs: x ~ N(0, 1) rounded
 // to bf16; router logits x·Wrᵀ + br when the weights carry a router, else N(0, 1).
 #pragma once
 

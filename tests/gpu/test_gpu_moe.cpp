@@ -67,10 +67,13 @@ error_stats compare(const std::vector<uint16_t>& gpu, const std::vector<float>& 
   return s;
 }
 
-void expect_close(const std::vector<uint16_t>& gpu, const std::vector<float>& ref, const std::string& what) {
+// rel_l2_bound: the documented layer tolerance, which assumes the output's norm is spread over many
+// elements (each of the three bf16 roundings then contributes ~2^-9/sqrt(3)); see kDominantElementsRelL2.
+void expect_close(const std::vector<uint16_t>& gpu, const std::vector<float>& ref, const std::string& what,
+                  double rel_l2_bound = cuda::kForwardRelL2Tolerance) {
   const error_stats s = compare(gpu, ref);
   EXPECT_EQ(s.nonfinite, 0) << what;
-  EXPECT_LE(s.rel_l2, cuda::kForwardRelL2Tolerance) << what << " max_err " << s.max_err << " max_ref " << s.max_ref;
+  EXPECT_LE(s.rel_l2, rel_l2_bound) << what << " max_err " << s.max_err << " max_ref " << s.max_ref;
   EXPECT_LE(s.max_err, cuda::kForwardMaxErrTolerance * s.max_ref) << what << " rel_l2 " << s.rel_l2;
   std::printf("  %-40s rel_l2 %.2e  max_err/max_ref %.2e\n", what.c_str(), s.rel_l2,
               s.max_ref > 0 ? s.max_err / s.max_ref : 0.0);
@@ -243,6 +246,14 @@ INSTANTIATE_TEST_SUITE_P(
 // there); with the synthetic layer's scale bytes replaced by uniform bytes 0..140 most fragment
 // tiles mix them with the one-multiply bytes. Decode
 // (T = 1, 9, 20) and wgmma (T = 200) tiles.
+// Scale bytes spread over 0..140 (2^-127 .. 2^13 per block) make a handful of products carry
+// the whole output norm, so rel-L2 is the relative error of those few elements and the averaging
+// behind the layer tolerance does not apply. Their error is three bf16 roundings (activation,
+// weighted expert output, output) of at most 2^-9 each, about 3 * 2^-9 = 5.9e-3 when they add
+// up: the bound used here. Measured on an H200 (2026-12-01): 5.07e-3 at T = 9, 4.24e-3 at T = 200.
+// The max-error check (1.5e-2 of max |ref|) stays as everywhere.
+constexpr double kDominantElementsRelL2 = 3.0 / 512;
+
 TEST(GpuMoeScales, ZeroAndLargeScaleBytes) {
   std::mt19937 rng(41);
   const moe_config cfg = make_cfg(8, 96, 160, 2, routing_kind::softmax_topk, activation_kind::silu_mul,
@@ -253,7 +264,7 @@ TEST(GpuMoeScales, ZeroAndLargeScaleBytes) {
     for (auto& b : *scales) b = static_cast<uint8_t>(wide(rng));
   for (int64_t T : {1, 9, 20, 200}) {
     const run_result r = run_case(m, T, routing_mode::logits_f32, rng);
-    expect_close(r.out, r.ref, "scale bytes 0..140 T=" + std::to_string(T));
+    expect_close(r.out, r.ref, "scale bytes 0..140 T=" + std::to_string(T), kDominantElementsRelL2);
   }
 }
 

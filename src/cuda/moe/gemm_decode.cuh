@@ -9,7 +9,7 @@
 // A pipeline stage is kSteps fragment tiles (64 k each) of every warp's K range:
 //   weights (A): each warp's kSteps fragment tiles (a row tile's fragment tiles are contiguous
 //     along K: 2 KB of codes and 128 bytes of scales per stage) copied by the warp's lanes with
-//     cp.async (16 bytes each, L2 evict-first: kSteps + 1 copies a lane) and read back with one
+//     cp.async (16 bytes each, kSteps + 1 copies a lane; no L2 hint: mma.cuh says why) and read back with one
 //     16-byte and one 4-byte shared load per lane and tile; detail::dequant_fragment turns them
 //     into bf16.
 //   activations (B): BN rows x 64 k per fragment tile and K group, gathered with cp.async into
@@ -118,12 +118,11 @@ __global__ void __launch_bounds__(S::kThreads, 2)
   // The stage's fragment tile whose scale bytes this lane copies (lanes >= 2 * kSteps copy none).
   const int s_tile = lane < 2 * S::kSteps ? lane / 2 : 1 << 30;
   int a_left = active ? nk : 0;
-  const uint64_t policy = detail::l2_evict_first_policy();
   auto load_a_stage = [&](uint32_t slot) {
 #pragma unroll
     for (int i = 0; i < S::kSteps; ++i)
-      if (i < a_left) detail::cp_async_16_stream(a_dst + slot + i * 512, a_src + i * 512, policy);
-    if (s_tile < a_left) detail::cp_async_16_stream(a_dst + slot + S::kCodeBytes, s_src, policy);
+      if (i < a_left) detail::cp_async_16_shared(a_dst + slot + i * 512, a_src + i * 512);
+    if (s_tile < a_left) detail::cp_async_16_shared(a_dst + slot + S::kCodeBytes, s_src);
     a_src += S::kSteps * 512;
     s_src += S::kSteps * 32;
     a_left -= S::kSteps;

@@ -1,7 +1,7 @@
 // moe/mma.cuh — the tensor-core and copy primitives the MoE GEMMs issue: cp.async with zero
-// fill, cp.async of weights with an L2 evict-first policy (weights are read once per forward and
-// should not push the activations out of L2), ldmatrix by shared address, the wgmma shared-memory descriptor of a 128-byte-swizzled K-major bf16 tile,
-// and the wgmma m64nNk16 (A from registers) calls, through CuTe's wrappers.
+// fill, cp.async by shared address, ldmatrix by shared address, the wgmma shared-memory
+// descriptor of a 128-byte-swizzled K-major bf16 tile, and the wgmma m64nNk16 (A from
+// registers) calls, through CuTe's wrappers.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -19,23 +19,18 @@ __device__ __forceinline__ void cp_async_16(void* smem, const void* gmem, bool p
       *static_cast<const cute::uint128_t*>(gmem), *static_cast<cute::uint128_t*>(smem), pred);
 }
 
-// An L2 policy that evicts the lines it touches first.
-__device__ __forceinline__ uint64_t l2_evict_first_policy() {
-  uint64_t p;
-  asm("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(p));
-  return p;
-}
-
 // cp.async of 16 bytes by shared address; with pred false nothing is read and 16 zero bytes land.
 __device__ __forceinline__ void cp_async_16_zfill(uint32_t smem_addr, const void* gmem, bool pred) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(smem_addr), "l"(gmem), "r"(pred ? 16 : 0)
                : "memory");
 }
 
-// cp.async of 16 bytes of weights (read once per forward) with that L2 policy, bypassing L1.
-__device__ __forceinline__ void cp_async_16_stream(uint32_t smem_addr, const void* gmem, uint64_t policy) {
-  asm volatile("cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %2;" ::"r"(smem_addr), "l"(gmem), "l"(policy)
-               : "memory");
+// cp.async of 16 bytes by shared address, bypassing L1. No L2 cache hint: the same copies with
+// `.L2::cache_hint` and an evict-first policy (createpolicy) raised "an illegal instruction was
+// encountered" at their first launch on an H200 (driver 580, nvcc 13.0; commit eba76a8,
+// 2026-12-01), and without the hint they run and pass.
+__device__ __forceinline__ void cp_async_16_shared(uint32_t smem_addr, const void* gmem) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(smem_addr), "l"(gmem) : "memory");
 }
 
 // ldmatrix .x4 (four 8x8 b16 matrices; lane l gives the row address of matrix l / 8).
