@@ -42,10 +42,12 @@ def _path(value: Any, name: str) -> bytes:
     return os.fsencode(value)
 
 
-class Checkpoint:
+class Checkpoint(_lib.Owned):
     """A safetensors checkpoint, memory-mapped read-only with its header validated; its MoE
-    layers in :attr:`layers`. Close it with :meth:`close` or a ``with`` block (layers read or
-    prepared from it own their memory and outlive it)."""
+    layers in :attr:`layers`. Unmapped by :meth:`close`, a ``with`` block, or when collected
+    (layers read or prepared from it own their memory and outlive it)."""
+
+    _free = "mxmoe_checkpoint_close"
 
     def __init__(self, path: str | os.PathLike):
         self._handle = 0
@@ -111,21 +113,6 @@ class Checkpoint:
         _lib.check(_lib.lib.mxmoe_checkpoint_prepare_layer(self._live(), info.layer, ctypes.byref(cfg._to_c()),
                                                            target[0], target[1], ctypes.byref(handle)))
         return PreparedMoE(handle.value, cfg, target)
-
-    def close(self) -> None:
-        """Unmaps the file (idempotent)."""
-        handle, self._handle = self._handle, 0
-        if handle and _lib is not None and _lib.lib is not None:
-            _lib.lib.mxmoe_checkpoint_close(handle)
-
-    def __enter__(self) -> "Checkpoint":
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
-
-    def __del__(self) -> None:
-        self.close()
 
     def __repr__(self) -> str:
         state = "" if self._handle else ", closed"

@@ -301,3 +301,26 @@ def index(names: tuple[str, ...], value: str, argument: str) -> int:
         return names.index(value)
     except ValueError:
         raise invalid(argument, " | ".join(names), repr(value)) from None
+
+
+class Owned:
+    """A Python object that owns a C object (``_handle``), freed by ``_free`` (the name of the C
+    ABI's free function) on :meth:`close` (idempotent), at the end of a ``with`` block, or when
+    collected."""
+
+    _free = ""
+    _handle = 0
+
+    def close(self) -> None:
+        handle, self._handle = self._handle, 0
+        if handle and lib is not None:  # None while the interpreter shuts down
+            getattr(lib, self._free)(handle)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        self.close()

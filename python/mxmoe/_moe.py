@@ -130,10 +130,12 @@ _live_layers: "weakref.WeakValueDictionary[int, PreparedMoE]" = weakref.WeakValu
 _layer_ids = itertools.count(1)
 
 
-class PreparedMoE:
+class PreparedMoE(_lib.Owned):
     """MoE weights prepared for one backend; owns their memory (host for the CPU backend, device
     for CUDA) and frees it on :meth:`close`, at the end of a ``with`` block, or when collected.
     A CUDA graph that captured a forward must not outlive the layer."""
+
+    _free = "mxmoe_moe_free"
 
     def __init__(self, handle: int, config: MoEConfig, device: tuple[int, int]):
         self._handle = handle
@@ -185,21 +187,6 @@ class PreparedMoE:
             ptr, nbytes, _ = _tensor.buffer(workspace, "workspace")
         _lib.check(_lib.lib.mxmoe_moe_error_flags(self._live_handle(), ptr, nbytes, ctypes.byref(flags)))
         return flags.value
-
-    def close(self) -> None:
-        """Frees the prepared weights now (idempotent)."""
-        handle, self._handle = self._handle, 0
-        if handle and _lib is not None and _lib.lib is not None:
-            _lib.lib.mxmoe_moe_free(handle)
-
-    def __enter__(self) -> "PreparedMoE":
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
-
-    def __del__(self) -> None:
-        self.close()
 
     def __repr__(self) -> str:
         state = "" if self._handle else ", closed"
