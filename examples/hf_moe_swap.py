@@ -10,9 +10,10 @@ forward), run it on random tokens, then swap every block's forward for the mxmoe
     python examples/hf_moe_swap.py --model /path/to/gpt-oss-20b --device cuda --layers 4
     python examples/hf_moe_swap.py --model /path/to/Qwen3-30B-A3B --device cpu --layers 2
 
-Prints one line per block (rel-L2 against the block's own float32 forward, weight SQNR), the
-logits' rel-L2 and PASS/FAIL against mxmoe.forward_tolerance (1e-4 CPU, 4e-3 CUDA). Exit code 0
-on pass, 1 on failure, 2 on bad arguments.
+Prints one line per block (rel-L2 and max error relative to max |ref| against the block's own
+float32 forward, weight SQNR), the logits' and PASS/FAIL under mxmoe.forward_tolerance (CPU:
+rel-L2 1e-4; CUDA: rel-L2 4e-3 and max error 1.5e-2 x max |ref|). Exit code 0 on pass, 1 on
+failure, 2 on bad arguments.
 """
 
 from __future__ import annotations
@@ -63,11 +64,14 @@ def main(argv: list[str] | None = None) -> int:
         print(f"hf_moe_swap: {e}", file=sys.stderr)
         return 2
     print(f"{type(model).__name__}: {len(result.blocks)} MoE blocks on mxmoe ({result.backend}), rule {args.rule}")
-    print(f"{'block':40s} {'rel-L2':>10s} {'SQNR gate_up':>13s} {'SQNR down':>10s}")
+    print(f"{'block':40s} {'rel-L2':>10s} {'max err':>9s} {'SQNR gate_up':>13s} {'SQNR down':>10s}")
     for b in result.blocks:
-        print(f"{b.name:40s} {b.rel_l2:10.3e} {b.gate_up_sqnr_db:10.2f} dB {b.down_sqnr_db:7.2f} dB")
-    print(f"{'logits':40s} {result.logits_rel_l2:10.3e}")
-    print(f"tolerance {result.tolerance:.0e}: {'PASS' if result.passed else 'FAIL'}")
+        print(f"{b.name:40s} {b.rel_l2:10.3e} {b.check.max_err_rel:9.2e} {b.gate_up_sqnr_db:10.2f} dB "
+              f"{b.down_sqnr_db:7.2f} dB  {b.check.status}")
+    print(f"{'logits':40s} {result.logits_rel_l2:10.3e} {result.logits.max_err_rel:9.2e}  {result.logits.status}")
+    tol = result.tolerance
+    print(f"tolerance rel-L2 {tol.rel_l2:.0e}, max err {tol.max_err_rel:.1e} x max|ref|: "
+          f"{'PASS' if result.passed else 'FAIL'}")
     return 0 if result.passed else 1
 
 

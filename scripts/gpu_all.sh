@@ -3,13 +3,17 @@
 # (scripts/setup.sh, carried in build/bin). Full results go to $OUT (default ./gpu-out):
 #   log.txt            everything printed
 #   gpu_tests.json     GoogleTest results of mxmoe_gpu_tests
-#   bench_quantize.json, torch.json, peer.json, bench_moe.json, roofline.png
+#   bench_quantize.json, torch.json, peer.json, bench_moe.json, roofline.png, python.json, python.log
 #   summary.txt        the short table printed last
 # Steps (MXMOE_STEPS, default all): tests sanitize cli quantize torch peer moe python
 #   peer: bench/peer_triton.py (triton_kernels matmul_ogs as vLLM 0.33.0 runs it) from .peer/
 #   (scripts/fetch_peer.sh; MXMOE_PEER_DIR elsewhere); when absent or failing, peer.json says why
-#   python: python/tests on the GPU (torch ops on CUDA, CUDA graphs, the Hugging Face models),
-#   with the source package and $MXMOE_LIBRARY (default $BIN/../lib/libmxmoe_c.so): no install
+#   python: python/tests/gpu_step.py: the CUDA half of python/tests (pytest -m cuda: torch ops on
+#   CUDA, CUDA graphs, checkpoints, the Hugging Face models) and python/benchmarks/overhead.py, with
+#   the source package and $MXMOE_LIBRARY (default $BIN/../lib/libmxmoe_c.so): no install;
+#   python.json and python.log
+#   moe-prefill (not in the default steps): the layer benchmark again with MXMOE_MOE_PATH=prefill
+#   (the experimental prefill GEMMs, docs/moe_layer.md) into bench_moe_prefill.json, after `moe`
 #   MXMOE_TOKENS   token counts for the layer benchmark (default 1,8,32,64,128,512,2048,8192,16384)
 #   MXMOE_SHAPES   shapes (default: the six of docs/models.md)
 #   MXMOE_COMMIT   commit recorded in the JSON
@@ -46,7 +50,7 @@ if has tests; then
 fi
 if has sanitize; then
   # Small cases only: the sanitizers slow kernels down 10-100x.
-  FILTER='*tiny_silu*:*odd_k_swiglu_bias*:GpuMoeRouting.*:GpuMoeGraph.*:GpuQuantize*Small*:*MseClose*bf16*:*AsyncStatistics*:*Bad*:GpuParallelMap.*:GpuParallelTp.*:GpuParallelLocal.*'
+  FILTER='*tiny_silu*:*odd_k_swiglu_bias*:GpuMoeRouting.*:GpuMoeGraph.*:GpuMoePrefillSanitize.*:GpuQuantize*Small*:*MseClose*bf16*:*AsyncStatistics*:*Bad*:GpuParallelMap.*:GpuParallelTp.*:GpuParallelLocal.*'
   for tool in memcheck racecheck; do
     step "compute-sanitizer $tool"
     timeout 300 compute-sanitizer --tool "$tool" --error-exitcode 9 "$BIN/mxmoe_gpu_tests" --gtest_filter="$FILTER" \
@@ -114,11 +118,15 @@ if has moe; then
     2>&1 | tee -a "$LOG" || status=1
   [ -f "$OUT/bench_moe.json" ] && python3 bench/plot_roofline.py "$OUT/bench_moe.json" "$OUT/roofline.png" >>"$LOG" 2>&1
 fi
+if has moe-prefill; then
+  step "MoE layer benchmark, MXMOE_MOE_PATH=prefill (experimental)"
+  MXMOE_MOE_PATH=prefill timeout 480 "$BIN/bench_moe" --shapes "$SHAPES" --tokens "$TOKENS" \
+    --json "$OUT/bench_moe_prefill.json" --commit "$COMMIT (MXMOE_MOE_PATH=prefill)" 2>&1 | tee -a "$LOG" || status=1
+fi
 if has python; then
-  step "Python tests on the GPU"
+  step "Python on the GPU"
   MXMOE_LIBRARY=${MXMOE_LIBRARY:-$BIN/../lib/libmxmoe_c.so} PYTHONPATH=python${PYTHONPATH:+:$PYTHONPATH} \
-    timeout 420 python3 -m pytest python/tests -q -rs -p no:cacheprovider \
-    --junitxml="$OUT/python_tests.xml" 2>&1 | tee -a "$LOG" | tail -n 15; [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+    timeout 240 python3 python/tests/gpu_step.py --out "$OUT" 2>&1 | tee -a "$LOG" | tail -n 12; [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
 fi
 python3 scripts/gpu_summary.py "$OUT" | tee "$OUT/summary.txt"
 exit $status

@@ -77,3 +77,15 @@ elif load("peer.json"):
         print(f"  peer did not run: {p.get('reason', '?')}")
     for r in p.get("rows", []):
         print(f"  {r['shape']:22s} {r['tokens']:6d} " + (f"{r['us']:9.1f} us" if "us" in r else f"failed: {r.get('error')}"))
+py = load("python.json")
+if py:
+    counts = py.get("tests", {}).get("counts", {})
+    print(f"Python on the GPU: {py.get('status')}: " + ", ".join(f"{n} {k}" for k, n in sorted(counts.items())))
+    for f in py.get("tests", {}).get("failures", []):
+        print(f"  FAILED {f['test']}")
+    o = py.get("overhead", {})
+    if "us_per_call" in o:
+        print(f"  overhead T=1: C++ call {o['us_per_call']['cxx']:.2f} us; added " +
+              ", ".join(f"{k} {v:+.2f}" for k, v in o["added_us"].items()) + " us")
+    else:
+        print(f"  overhead: {o.get('skipped') or 'failed, see python.log'}")

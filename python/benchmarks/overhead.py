@@ -1,26 +1,33 @@
 #!/usr/bin/env python3
-"""Host time per MoE forward through each Python path, against the bare C ABI call.
+"""Host time per MoE forward through each Python path, against the bare C++ call, in one run.
 
     python python/benchmarks/overhead.py --device cuda --tokens 1     # on the GPU machine
     python python/benchmarks/overhead.py --device cpu --tokens 0      # CPU: T = 0 (no work)
 
-Times, per call (median of --repeats runs of --iters calls, perf_counter, no synchronization
-inside the loop, so on CUDA it is the time to enqueue while the GPU keeps up):
-  c_abi      mxmoe_moe_forward through ctypes with every argument prepared beforehand: the C++
-             call plus the ctypes call itself
-  direct     mxmoe.moe_forward(layer, x, logits=..., out=..., workspace=...): tensor views
+Every path is timed the same way: batches of --iters calls (no synchronization inside a batch;
+the device is synchronized before and after each), --repeats batches, the median per call. On
+CUDA that is the time to enqueue a forward; batches stay short so that the GPU never holds the
+host back (--iters * kernels per forward is far below the launch queue's depth).
+  cxx        mxmoe::moe_forward called from a C++ loop (mxmoe_moe_forward_timed): the library
+  c_abi      mxmoe_moe_forward through ctypes with every argument prepared beforehand
+  direct     mxmoe.moe_forward(layer, x, logits=..., out=..., workspace=...): plus the tensor views
   alloc      mxmoe.moe_forward(layer, x, logits=...): plus allocating out (and the workspace)
   torch_op   mxmoe.torch.moe_forward: plus the PyTorch dispatcher (torch.ops.mxmoe.moe_forward)
   graph      CUDA only: one replay of a CUDA graph holding one forward (no Python per forward)
-"Added" is each path minus c_abi. The shape is gpt-oss-20b's (E = 32, H = I = 2880, top-4) with
---experts experts.
+"added" is each path minus cxx: what Python adds to a forward; the target is <= 5 us for direct
+and torch_op on the GPU machine at T = 1. On CUDA it also prints the GPU time of one forward
+(CUDA events around graph replays). The layer is synthetic (mxmoe.synthetic_layer) of the
+--preset shape with --experts experts. Without a usable GPU, --device cuda prints SKIPPED with
+the reason (and writes it to --json) and exits 0.
 """
 
 from __future__ import annotations
 
 import argparse
+import ctypes
 import json
 import statistics
+import sys
 import time
 
 import torch
@@ -28,6 +35,8 @@ import torch
 import mxmoe
 import mxmoe.torch as mt
 from mxmoe import _lib, _tensor
+
+TARGET_US = 5.0
 
 
 def per_call_us(fn, iters: int, repeats: int, sync) -> float:
@@ -42,39 +51,73 @@ def per_call_us(fn, iters: int, repeats: int, sync) -> float:
     return statistics.median(samples)
 
 
-def main() -> None:
+def cxx_per_call_us(call_args, iters: int, repeats: int, sync) -> float:
+    """The same batches, timed inside the library's C++ loop."""
+    seconds = ctypes.c_double()
+    samples = []
+    for _ in range(repeats):
+        sync()
+        _lib.check(_lib.lib.mxmoe_moe_forward_timed(*call_args, iters, ctypes.byref(seconds)))
+        samples.append(seconds.value / iters * 1e6)
+        sync()
+    return statistics.median(samples)
+
+
+def gpu_us_per_forward(graph, n: int = 200) -> float:
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    graph.replay()
+    start.record()
+    for _ in range(n):
+        graph.replay()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end) * 1e3 / n
+
+
+def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--device", default="cuda")
     p.add_argument("--tokens", type=int, default=1)
-    p.add_argument("--experts", type=int, default=32)
-    p.add_argument("--hidden", type=int, default=2880)
-    p.add_argument("--iters", type=int, default=2000)
-    p.add_argument("--repeats", type=int, default=7)
+    p.add_argument("--preset", default="gpt-oss-20b")
+    p.add_argument("--experts", type=int, default=None, help="E instead of the preset's")
+    p.add_argument("--iters", type=int, default=40, help="calls per timed batch")
+    p.add_argument("--repeats", type=int, default=51, help="timed batches (the median is reported)")
     p.add_argument("--json", help="write the results here")
     args = p.parse_args()
 
-    e, h, i, t = args.experts, args.hidden, args.hidden, args.tokens
-    cfg = mxmoe.MoEConfig(e, h, i, routing="topk_softmax", top_k=min(4, e), activation="swiglu_clamped",
-                          gate_up="interleaved")
-    gu = mxmoe.quantize(torch.randn(e, 2 * i, h, dtype=torch.bfloat16) * 0.02)
-    dn = mxmoe.quantize(torch.randn(e, h, i, dtype=torch.bfloat16) * 0.02)
-    layer = mxmoe.prepare(cfg, device=args.device, gate_up_blocks=gu[0].view(e, 2 * i, h // 32, 16),
-                          gate_up_scales=gu[1], down_blocks=dn[0].view(e, h, i // 32, 16), down_scales=dn[1])
+    def write(result: dict) -> None:
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump(result, f, indent=1)
+
     dev = torch.device(args.device)
     cuda = dev.type == "cuda"
-    x = torch.randn(t, h, device=dev).to(torch.bfloat16 if cuda else torch.float32)
-    logits = torch.randn(t, e, device=dev)
+    if cuda and (not mxmoe.cuda.available(dev.index or 0) or not torch.cuda.is_available()):
+        why = mxmoe.cuda.why_unavailable(dev.index or 0) or "torch has no usable CUDA device"
+        print(f"SKIPPED: overhead on {args.device}: {why}")
+        write({"device": args.device, "skipped": why})
+        return 0
+
+    weights = mxmoe.synthetic_layer(args.preset, experts=args.experts)
+    cfg = weights.config
+    layer = weights.prepare(args.device)
+    t = args.tokens
+    x, logits = mxmoe.synthetic_inputs(weights, t, seed=1)
+    x, logits = x.to(dev), logits.to(dev)
+    if not cuda:
+        x = x.float()
     out = torch.empty_like(x)
-    ws = torch.empty(max(layer.workspace_bytes(t), 1), dtype=torch.uint8, device=dev)
+    nbytes = layer.workspace_bytes(t)
+    ws = torch.empty(max(nbytes, 1), dtype=torch.uint8, device=dev)
     sync = torch.cuda.synchronize if cuda else (lambda: None)
 
     views = [_tensor.view(v, "v") for v in (x, logits, out)]
     stream = torch.cuda.current_stream().cuda_stream if cuda else None
     handle, forward = layer._handle, _lib.lib.mxmoe_moe_forward
-    nbytes = layer.workspace_bytes(t)
+    call_args = (handle, views[0], views[1], None, None, views[2], ws.data_ptr(), nbytes, stream)
 
     def c_abi():
-        forward(handle, views[0], views[1], None, None, views[2], ws.data_ptr(), nbytes, stream)
+        forward(*call_args)
 
     paths = {
         "c_abi": c_abi,
@@ -82,6 +125,7 @@ def main() -> None:
         "alloc": lambda: mxmoe.moe_forward(layer, x, logits=logits),
         "torch_op": lambda: mt.moe_forward(layer, x, logits=logits),
     }
+    graph = None
     if cuda:
         for _ in range(3):
             mt.moe_forward(layer, x, logits=logits)
@@ -91,16 +135,32 @@ def main() -> None:
             mt.moe_forward(layer, x, logits=logits)
         paths["graph"] = graph.replay
     with torch.inference_mode():
-        results = {name: per_call_us(fn, args.iters, args.repeats, sync) for name, fn in paths.items()}
-    base = results["c_abi"]
-    print(f"{args.device}, T = {t}, E = {e}, H = I = {h}: host time per forward (us)")
+        for fn in paths.values():  # warm-up: first calls, the caching allocator
+            for _ in range(args.iters):
+                fn()
+        sync()
+        results = {"cxx": cxx_per_call_us(call_args, args.iters, args.repeats, sync)}
+        results.update({name: per_call_us(fn, args.iters, args.repeats, sync) for name, fn in paths.items()})
+    base = results["cxx"]
+    added = {name: us - base for name, us in results.items() if name != "cxx"}
+    gpu_us = gpu_us_per_forward(graph) if cuda else None
+    where = f"{args.device} ({mxmoe.cuda.device_name(dev.index or 0)})" if cuda else "cpu"
+    print(f"{where}, T = {t}, {args.preset} E = {cfg.experts}, H = {cfg.hidden}, I = {cfg.intermediate}, "
+          f"top-{cfg.top_k}: host time per forward (us), median of {args.repeats} x {args.iters} calls")
     for name, us in results.items():
-        print(f"  {name:9s} {us:8.2f}   added {us - base:+8.2f}")
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"device": args.device, "tokens": t, "experts": e, "hidden": h, "us_per_call": results}, f,
-                      indent=1)
+        print(f"  {name:9s} {us:8.2f}" + ("" if name == "cxx" else f"   added {added[name]:+8.2f}"))
+    if gpu_us is not None:
+        print(f"  GPU time of one forward: {gpu_us:.2f} us (CUDA events around graph replays)")
+    verdict = {name: added[name] <= TARGET_US for name in ("direct", "torch_op")}
+    print(f"  target <= {TARGET_US:.0f} us added: " + ", ".join(f"{n} {'met' if ok else 'MISSED'}"
+                                                               for n, ok in verdict.items()))
+    write({"device": args.device, "gpu": mxmoe.cuda.device_name(dev.index or 0) if cuda else None, "tokens": t,
+           "preset": args.preset, "experts": cfg.experts, "hidden": cfg.hidden, "intermediate": cfg.intermediate,
+           "iters": args.iters, "repeats": args.repeats, "us_per_call": results, "added_us": added,
+           "gpu_us_per_forward": gpu_us, "target_added_us": TARGET_US, "target_met": verdict,
+           "python": sys.version.split()[0], "torch": torch.__version__, "mxmoe": mxmoe.__version__})
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

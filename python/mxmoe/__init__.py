@@ -11,17 +11,25 @@ same functions as PyTorch custom operators (torch.compile, CUDA graphs).
     print(st.sqnr_db)
     w_hat = mxmoe.dequantize(packed, scales)                      # f32 [E, N, K]
 
+    layer = mxmoe.load_layer("model-mxfp4.safetensors", 0, device="cuda")   # a checkpoint's MoE layer
+    weights = mxmoe.synthetic_layer("gpt-oss-20b", experts=8)               # or a synthetic one
+
 See docs/python.md.
 """
 
 from __future__ import annotations
 
 from . import cuda
-from ._errors import Error, InvalidArgument, OutOfMemory, RuntimeFailure, Unsupported
+from ._checkpoint import (Checkpoint, LayerInfo, QuantizeReport, TensorReport, dequantize_checkpoint, load_layer,
+                          quantize_checkpoint)
+from ._errors import (Cancelled, Error, FormatError, InvalidArgument, IOFailure, OutOfMemory, RuntimeFailure,
+                      Unsupported)
 from ._lib import ACTIVATION_KINDS, GATE_UP_ORDERS, ROUTING_KINDS, RULES, SCALE_LAYOUTS
 from ._lib import lib as _native
-from ._moe import MoEConfig, PreparedMoE, forward_tolerance, moe_forward, prepare
+from ._moe import MoEConfig, MoEWeights, PreparedMoE, moe_forward, prepare
 from ._quant import QuantStats, dequantize, quantize, scale_shape
+from ._synthetic import Preset, presets, synthetic_inputs, synthetic_layer
+from ._verify import Tolerance, Verification, compare, forward_tolerance, verify
 
 __version__: str = _native.mxmoe_version().decode()
 
@@ -31,19 +39,38 @@ __all__ = [
     "ROUTING_KINDS",
     "RULES",
     "SCALE_LAYOUTS",
+    "Cancelled",
+    "Checkpoint",
     "Error",
+    "FormatError",
+    "IOFailure",
     "InvalidArgument",
+    "LayerInfo",
     "MoEConfig",
+    "MoEWeights",
     "OutOfMemory",
     "PreparedMoE",
+    "Preset",
     "QuantStats",
+    "QuantizeReport",
     "RuntimeFailure",
+    "TensorReport",
+    "Tolerance",
     "Unsupported",
+    "Verification",
+    "compare",
     "cuda",
     "dequantize",
+    "dequantize_checkpoint",
     "forward_tolerance",
+    "load_layer",
     "moe_forward",
     "prepare",
+    "presets",
     "quantize",
+    "quantize_checkpoint",
     "scale_shape",
+    "synthetic_inputs",
+    "synthetic_layer",
+    "verify",
 ]

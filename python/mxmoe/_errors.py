@@ -7,6 +7,9 @@ mxmoe::invalid_argument  MXMOE_ERR_INVALID_ARGUMENT      :class:`InvalidArgument
 mxmoe::unsupported       MXMOE_ERR_UNSUPPORTED           :class:`Unsupported`
 std::bad_alloc, cudaMalloc failure  MXMOE_ERR_OUT_OF_MEMORY  :class:`OutOfMemory`
 CUDA runtime error       MXMOE_ERR_RUNTIME               :class:`RuntimeFailure`
+mxmoe::format_error      MXMOE_ERR_FORMAT                :class:`FormatError`
+std::system_error (I/O)  MXMOE_ERR_IO                    :class:`IOFailure`
+a progress callback stop MXMOE_ERR_CANCELLED             :class:`Cancelled`
 anything else            MXMOE_ERR_INTERNAL              :class:`Error`
 ======================  ==============================  ==========================
 """
@@ -39,6 +42,24 @@ class OutOfMemory(Error, MemoryError):
 
 class RuntimeFailure(Error, RuntimeError):
     """A CUDA (or other runtime) error while running a call."""
+
+
+class FormatError(Error, ValueError):
+    """A malformed safetensors file or checkpoint; the message names the file, the tensor and
+    what is wrong."""
+
+
+class IOFailure(Error, OSError):
+    """A file could not be opened, read or written. ``errno`` is the system's error number
+    (``errno.ENOENT`` for a missing file)."""
+
+    def __init__(self, errno: int, message: str):
+        super().__init__(errno, message)
+
+
+class Cancelled(Error):
+    """A checkpoint conversion stopped because its progress callback raised (the exception is
+    this one's ``__cause__``); no output was written."""
 
 
 def invalid(argument: str, expected: str, got: str) -> InvalidArgument:

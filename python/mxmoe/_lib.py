@@ -13,13 +13,15 @@ import struct
 from ctypes import POINTER, c_char_p, c_int32, c_int64, c_size_t, c_uint32, c_void_p
 from pathlib import Path
 
-from ._errors import Error, InvalidArgument, OutOfMemory, RuntimeFailure, Unsupported, invalid
+from ._errors import (Cancelled, Error, FormatError, InvalidArgument, IOFailure, OutOfMemory, RuntimeFailure,
+                      Unsupported, invalid)
 
-ABI_VERSION = 1  # MXMOE_C_ABI_VERSION of the header these declarations mirror
+ABI_VERSION = 2  # MXMOE_C_ABI_VERSION of the header these declarations mirror
 MAX_RANK = 8
 
 # Status codes
-OK, ERR_INVALID_ARGUMENT, ERR_UNSUPPORTED, ERR_OUT_OF_MEMORY, ERR_RUNTIME, ERR_INTERNAL = range(6)
+(OK, ERR_INVALID_ARGUMENT, ERR_UNSUPPORTED, ERR_OUT_OF_MEMORY, ERR_RUNTIME, ERR_INTERNAL, ERR_FORMAT, ERR_IO,
+ ERR_CANCELLED) = range(9)
 # Element types (mxmoe::dtype)
 BF16, F16, F32, U8, I32, I64 = range(6)
 ITEMSIZE = (2, 2, 4, 1, 4, 8)  # bytes per element, by dtype code
@@ -30,6 +32,12 @@ ROUTING_KINDS = ("softmax_topk", "topk_softmax", "sigmoid_grouped_topk")
 ACTIVATION_KINDS = ("silu_mul", "swiglu_clamped")
 GATE_UP_ORDERS = ("concatenated", "interleaved")
 WEIGHTS_MXFP4, WEIGHTS_BF16 = 0, 1
+WEIGHT_FORMATS = ("mxfp4", "bf16")
+DTYPE_NAMES = ("bf16", "f16", "f32", "u8", "i32", "i64")
+VERIFY_STATUSES = ("passed", "failed", "nonfinite_output")
+REFERENCES = ("f32", "f64", "auto")  # MXMOE_REFERENCE_F32, _F64, _AUTO; -1: none
+CHECKPOINT_LAYOUTS = ("mxfp4_gpt_oss", "bf16_gpt_oss", "bf16_per_expert")
+ABSENT = -1
 
 
 # mxmoe_tensor (a non-owning pointer, dtype, device, shape, strides in elements) is passed as
@@ -105,6 +113,81 @@ class MoeWeightsC(ctypes.Structure):
     _fields_ = [("format", c_int32)] + [(name, c_char_p) for name in WEIGHT_FIELDS]
 
 
+class VerifyResultC(ctypes.Structure):
+    """mxmoe_verify_result."""
+
+    _fields_ = [
+        ("status", c_int32),
+        ("reference", c_int32),
+        ("elements", c_int64),
+        ("nonfinite_out", c_int64),
+        ("nonfinite_ref", c_int64),
+        ("rel_l2", ctypes.c_double),
+        ("max_abs", ctypes.c_double),
+        ("max_ref", ctypes.c_double),
+        ("tolerance_rel_l2", ctypes.c_double),
+        ("tolerance_max_err_rel", ctypes.c_double),
+        ("reference_seconds", ctypes.c_double),
+    ]
+
+
+OPTIONAL_DTYPE_FIELDS = ("gate_up_bias", "down_bias", "router_weight", "router_bias", "correction_bias")
+
+
+class LayerInfoC(ctypes.Structure):
+    """mxmoe_layer_info."""
+
+    _fields_ = [
+        ("layer", c_int64),
+        ("layout", c_int32),
+        ("weight_dtype", c_int32),
+        ("format", c_int32),
+        *((f"{name}_dtype", c_int32) for name in OPTIONAL_DTYPE_FIELDS),
+        ("config", MoeConfigC),
+    ]
+
+
+PROGRESS_FN = ctypes.CFUNCTYPE(c_int32, c_int64, c_int64, c_char_p, c_void_p)
+
+
+class QuantizeOptionsC(ctypes.Structure):
+    """mxmoe_quantize_options."""
+
+    _fields_ = [
+        ("rule", c_int32),
+        ("device_type", c_int32),
+        ("device_id", c_int32),
+        ("overwrite", c_int32),
+        ("progress", PROGRESS_FN),
+        ("progress_data", c_void_p),
+    ]
+
+
+class QuantizeSummaryC(ctypes.Structure):
+    """mxmoe_quantize_summary."""
+
+    _fields_ = [
+        ("total", QuantStatsC),
+        ("tensors", c_int64),
+        ("copied_tensors", c_int64),
+        ("copied_bytes", ctypes.c_uint64),
+        ("input_bytes", ctypes.c_uint64),
+        ("output_bytes", ctypes.c_uint64),
+        ("seconds", ctypes.c_double),
+    ]
+
+
+class TensorReportC(ctypes.Structure):
+    """mxmoe_tensor_report."""
+
+    _fields_ = [
+        ("name", c_char_p),
+        ("ndim", c_int32),
+        ("shape", c_int64 * MAX_RANK),
+        ("stats", QuantStatsC),
+    ]
+
+
 TensorP = c_char_p  # the bytes of an mxmoe_tensor (TENSOR_FORMATS), or None for NULL
 _PROTOTYPES = {
     "mxmoe_abi_version": (c_int32, []),
@@ -126,8 +209,38 @@ _PROTOTYPES = {
         c_int32,
         [c_void_p, TensorP, TensorP, TensorP, TensorP, TensorP, c_void_p, c_int64, c_void_p],
     ),
-    "mxmoe_forward_rel_l2_tolerance": (c_int32, [c_int32, POINTER(ctypes.c_double)]),
     "mxmoe_moe_error_flags": (c_int32, [c_void_p, c_void_p, c_int64, POINTER(c_uint32)]),
+    "mxmoe_moe_forward_timed": (
+        c_int32,
+        [c_void_p, TensorP, TensorP, TensorP, TensorP, TensorP, c_void_p, c_int64, c_void_p, c_int64,
+         POINTER(ctypes.c_double)],
+    ),
+    "mxmoe_last_error_code": (c_int32, []),
+    "mxmoe_moe_config_validate": (c_int32, [POINTER(MoeConfigC)]),
+    "mxmoe_forward_tolerance": (c_int32, [c_int32, POINTER(ctypes.c_double), POINTER(ctypes.c_double)]),
+    "mxmoe_compare": (c_int32, [TensorP, TensorP, c_int32, POINTER(VerifyResultC)]),
+    "mxmoe_verify": (
+        c_int32,
+        [POINTER(MoeConfigC), POINTER(MoeWeightsC), TensorP, TensorP, TensorP, TensorP, TensorP, c_int32, c_int32,
+         POINTER(VerifyResultC)],
+    ),
+    "mxmoe_synthetic_layer": (c_int32, [POINTER(MoeConfigC), c_int32, c_int32, ctypes.c_uint64, POINTER(MoeWeightsC)]),
+    "mxmoe_synthetic_inputs": (
+        c_int32, [POINTER(MoeConfigC), POINTER(MoeWeightsC), c_int64, ctypes.c_uint64, TensorP, TensorP]),
+    "mxmoe_preset_count": (c_int32, [POINTER(c_int32)]),
+    "mxmoe_preset": (c_int32, [c_int32, POINTER(c_char_p), POINTER(MoeConfigC), POINTER(c_int32)]),
+    "mxmoe_checkpoint_open": (c_int32, [c_char_p, POINTER(c_void_p)]),
+    "mxmoe_checkpoint_close": (None, [c_void_p]),
+    "mxmoe_checkpoint_layer_count": (c_int32, [c_void_p, POINTER(c_int64)]),
+    "mxmoe_checkpoint_layer_info": (c_int32, [c_void_p, c_int64, POINTER(LayerInfoC)]),
+    "mxmoe_checkpoint_read_layer": (c_int32, [c_void_p, c_int64, POINTER(MoeWeightsC)]),
+    "mxmoe_checkpoint_prepare_layer": (
+        c_int32, [c_void_p, c_int64, POINTER(MoeConfigC), c_int32, c_int32, POINTER(c_void_p)]),
+    "mxmoe_quantize_checkpoint": (c_int32, [c_char_p, c_char_p, POINTER(QuantizeOptionsC), POINTER(c_void_p)]),
+    "mxmoe_quantize_report_summary": (c_int32, [c_void_p, POINTER(QuantizeSummaryC)]),
+    "mxmoe_quantize_report_tensor": (c_int32, [c_void_p, c_int64, POINTER(TensorReportC)]),
+    "mxmoe_quantize_report_free": (None, [c_void_p]),
+    "mxmoe_dequantize_checkpoint": (c_int32, [c_char_p, c_char_p, c_int32, PROGRESS_FN, c_void_p]),
 }
 
 
@@ -162,7 +275,8 @@ def _load() -> ctypes.CDLL:
 lib = _load()
 library_path = _library_path()
 
-_EXCEPTIONS = {ERR_UNSUPPORTED: Unsupported, ERR_OUT_OF_MEMORY: OutOfMemory, ERR_RUNTIME: RuntimeFailure}
+_EXCEPTIONS = {ERR_UNSUPPORTED: Unsupported, ERR_OUT_OF_MEMORY: OutOfMemory, ERR_RUNTIME: RuntimeFailure,
+               ERR_FORMAT: FormatError, ERR_CANCELLED: Cancelled}
 
 
 def raise_last_error(status: int) -> None:
@@ -171,6 +285,8 @@ def raise_last_error(status: int) -> None:
     if status == ERR_INVALID_ARGUMENT:
         argument = (lib.mxmoe_last_error_argument() or b"").decode("utf-8", "replace")
         raise InvalidArgument(argument, message)
+    if status == ERR_IO:
+        raise IOFailure(lib.mxmoe_last_error_code(), message)
     raise _EXCEPTIONS.get(status, Error)(message)
 
 
@@ -185,3 +301,26 @@ def index(names: tuple[str, ...], value: str, argument: str) -> int:
         return names.index(value)
     except ValueError:
         raise invalid(argument, " | ".join(names), repr(value)) from None
+
+
+class Owned:
+    """A Python object that owns a C object (``_handle``), freed by ``_free`` (the name of the C
+    ABI's free function) on :meth:`close` (idempotent), at the end of a ``with`` block, or when
+    collected."""
+
+    _free = ""
+    _handle = 0
+
+    def close(self) -> None:
+        handle, self._handle = self._handle, 0
+        if handle and lib is not None:  # None while the interpreter shuts down
+            getattr(lib, self._free)(handle)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        self.close()

@@ -1,14 +1,16 @@
-"""The MoE layer: configuration, prepared weights, forward.
+"""The MoE layer: configuration, weights, prepared weights, forward.
 
 The one place the Python package maps onto the C ABI's layer functions (mxmoe_moe_prepare /
-mxmoe_moe_forward), which today run the CPU backend (cpu::moe_forward, f32) for CPU tensors and
-cuda::moe_layer for CUDA tensors.
+mxmoe_moe_forward), which stand on the library's mxmoe::prepare / mxmoe::moe_forward
+(include/mxmoe/forward.h): the CPU backend (cpu::moe_forward, f32) or the CUDA layer.
 """
 
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 import itertools
+import struct
 import weakref
 from dataclasses import dataclass
 from typing import Any
@@ -51,6 +53,33 @@ class MoEConfig:
     limit: float = 7.0
     gate_up: str = "concatenated"
 
+    @classmethod
+    def from_preset(cls, name: str, *, experts: int | None = None) -> "MoEConfig":
+        """The MoE layer of a model mxmoe targets (:func:`mxmoe.presets`, docs/models.md):
+        ``"gpt-oss-120b"``, ``"qwen3-30b-a3b"``, ...; ``experts`` replaces E (a smaller layer of
+        the same shape and routing)."""
+        from ._synthetic import find_preset
+
+        cfg = find_preset(name).config
+        return cfg if experts is None else dataclasses.replace(cfg, experts=experts)
+
+    @classmethod
+    def _from_c(cls, c: _lib.MoeConfigC) -> "MoEConfig":
+        def name(names: tuple[str, ...], value: int, what: str) -> str:
+            if not 0 <= value < len(names):
+                raise invalid(what, " | ".join(names), str(value))
+            return names[value]
+
+        return cls(c.experts, c.hidden, c.intermediate, name(_lib.ROUTING_KINDS, c.routing_kind, "routing"),
+                   c.top_k, bool(c.renormalize), c.n_group, c.topk_group, _shortest_f32(c.routed_scaling_factor),
+                   name(_lib.ACTIVATION_KINDS, c.activation_kind, "activation"), _shortest_f32(c.alpha),
+                   _shortest_f32(c.limit), name(_lib.GATE_UP_ORDERS, c.gate_up_order, "gate_up"))
+
+    def validate(self) -> None:
+        """Raises :class:`~mxmoe.InvalidArgument` naming the field (``cfg.routing.top_k``) when the
+        library would reject this configuration (mxmoe::validate)."""
+        _lib.check(_lib.lib.mxmoe_moe_config_validate(ctypes.byref(self._to_c())))
+
     def _to_c(self) -> _lib.MoeConfigC:
         return _lib.MoeConfigC(
             self.experts,
@@ -69,7 +98,18 @@ class MoEConfig:
         )
 
 
-def _parse_device(device: Any) -> tuple[int, int]:
+def _shortest_f32(value: float) -> float:
+    """The shortest decimal that rounds to the same float32 as ``value`` (1.702, not
+    1.7020000219345093): the C struct holds floats, MoEConfig the numbers a user would write."""
+    for digits in range(1, 10):
+        text = f"{value:.{digits}g}"
+        if struct.unpack("=f", struct.pack("=f", float(text)))[0] == value:
+            return float(text)
+    return value
+
+
+def parse_device(device: Any) -> tuple[int, int]:
+    """(device type, device id) of ``"cpu"``, ``"cuda"``, ``"cuda:N"`` or a torch.device."""
     text = str(device)
     if text == "cpu":
         return _lib.DEVICE_CPU, 0
@@ -80,7 +120,7 @@ def _parse_device(device: Any) -> tuple[int, int]:
     raise invalid("device", "'cpu', 'cuda' or 'cuda:N'", repr(device))
 
 
-def _device_name(device: tuple[int, int]) -> str:
+def device_name(device: tuple[int, int]) -> str:
     return f"cuda:{device[1]}" if device[0] == _lib.DEVICE_CUDA else "cpu"
 
 
@@ -90,10 +130,12 @@ _live_layers: "weakref.WeakValueDictionary[int, PreparedMoE]" = weakref.WeakValu
 _layer_ids = itertools.count(1)
 
 
-class PreparedMoE:
+class PreparedMoE(_lib.Owned):
     """MoE weights prepared for one backend; owns their memory (host for the CPU backend, device
     for CUDA) and frees it on :meth:`close`, at the end of a ``with`` block, or when collected.
     A CUDA graph that captured a forward must not outlive the layer."""
+
+    _free = "mxmoe_moe_free"
 
     def __init__(self, handle: int, config: MoEConfig, device: tuple[int, int]):
         self._handle = handle
@@ -106,7 +148,7 @@ class PreparedMoE:
     @property
     def device(self) -> str:
         """``"cpu"`` or ``"cuda:N"``."""
-        return _device_name(self._device)
+        return device_name(self._device)
 
     @property
     def is_cuda(self) -> bool:
@@ -146,21 +188,6 @@ class PreparedMoE:
         _lib.check(_lib.lib.mxmoe_moe_error_flags(self._live_handle(), ptr, nbytes, ctypes.byref(flags)))
         return flags.value
 
-    def close(self) -> None:
-        """Frees the prepared weights now (idempotent)."""
-        handle, self._handle = self._handle, 0
-        if handle and _lib is not None and _lib.lib is not None:
-            _lib.lib.mxmoe_moe_free(handle)
-
-    def __enter__(self) -> "PreparedMoE":
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
-
-    def __del__(self) -> None:
-        self.close()
-
     def __repr__(self) -> str:
         state = "" if self._handle else ", closed"
         return f"PreparedMoE({self.config}, device={self.device!r}{state})"
@@ -183,26 +210,92 @@ def prepare(config: MoEConfig, *, device: Any = None, **weights: Any) -> Prepare
             kernel layout (biases and router tensors are read from host memory: CUDA ones are
             copied to the host first).
     """
+    first = weights.get("gate_up_blocks" if _is_mxfp4(weights) else "gate_up")
+    target = parse_device(device) if device is not None else _tensor.device_of(first)
+    cw = weights_c(weights, host_only_to_cpu=target[0] == _lib.DEVICE_CUDA)
+    handle = ctypes.c_void_p()
+    _lib.check(_lib.lib.mxmoe_moe_prepare(ctypes.byref(config._to_c()), ctypes.byref(cw), target[0], target[1],
+                                          ctypes.byref(handle)))
+    return PreparedMoE(handle.value, config, target)
+
+
+def _is_mxfp4(weights: dict[str, Any]) -> bool:
+    return weights.get("gate_up_blocks") is not None or weights.get("gate_up") is None
+
+
+def weights_c(weights: dict[str, Any], *, host_only_to_cpu: bool = False, prefix: str = "weights",
+              writable: bool = False) -> _lib.MoeWeightsC:
+    """The mxmoe_moe_weights of checkpoint-layout tensors by name (the struct keeps their views
+    alive). ``host_only_to_cpu``: biases and router tensors on a CUDA device are copied to the host
+    (where the CUDA layer reads them)."""
     unknown = sorted(set(weights) - set(_lib.WEIGHT_FIELDS))
     if unknown:
         raise invalid(unknown[0], "one of " + ", ".join(_lib.WEIGHT_FIELDS), "an unknown weight name")
-    mxfp4 = weights.get("gate_up_blocks") is not None or weights.get("gate_up") is None
-    first = weights.get("gate_up_blocks" if mxfp4 else "gate_up")
-    target = _parse_device(device) if device is not None else _tensor.device_of(first)
     views = {}
     for name in _lib.WEIGHT_FIELDS:
         value = weights.get(name)
         if value is None:
             continue
-        if target[0] == _lib.DEVICE_CUDA and name in _HOST_ONLY and _tensor.is_torch(value) and value.is_cuda:
+        if host_only_to_cpu and name in _HOST_ONLY and _tensor.is_torch(value) and value.is_cuda:
             value = value.detach().cpu()
-        views[name] = _tensor.view(value, f"weights.{name}")
-    cw = _lib.MoeWeightsC(_lib.WEIGHTS_MXFP4 if mxfp4 else _lib.WEIGHTS_BF16,
-                          *(views.get(n) for n in _lib.WEIGHT_FIELDS))
-    handle = ctypes.c_void_p()
-    _lib.check(_lib.lib.mxmoe_moe_prepare(ctypes.byref(config._to_c()), ctypes.byref(cw), target[0], target[1],
-                                          ctypes.byref(handle)))
-    return PreparedMoE(handle.value, config, target)
+        views[name] = _tensor.view(value, f"{prefix}.{name}", writable=writable)
+    return _lib.MoeWeightsC(_lib.WEIGHTS_MXFP4 if _is_mxfp4(weights) else _lib.WEIGHTS_BF16,
+                            *(views.get(n) for n in _lib.WEIGHT_FIELDS))
+
+
+def checkpoint_shapes(config: MoEConfig, format: str) -> dict[str, tuple[int, ...]]:
+    """The shapes of a layer's tensors in the checkpoint layout (include/mxmoe/moe.h,
+    ``moe_weights``) for ``format`` ("mxfp4" | "bf16"), by weight name."""
+    e, h, i = config.experts, config.hidden, config.intermediate
+    if format == "mxfp4":
+        experts = {"gate_up_blocks": (e, 2 * i, h // 32, 16), "gate_up_scales": (e, 2 * i, h // 32),
+                   "down_blocks": (e, h, i // 32, 16), "down_scales": (e, h, i // 32)}
+    else:
+        experts = {"gate_up": (e, 2 * i, h), "down": (e, h, i)}
+    return {**experts, "gate_up_bias": (e, 2 * i), "down_bias": (e, h), "router_weight": (e, h),
+            "router_bias": (e,), "correction_bias": (e,)}
+
+
+@dataclass
+class MoEWeights:
+    """One MoE layer's weights in the checkpoint layout, with its configuration: what
+    :func:`mxmoe.synthetic_layer` and :meth:`mxmoe.Checkpoint.read_layer` return (CPU torch
+    tensors the object owns) and what :func:`mxmoe.verify` runs the reference on. Built by hand
+    from any arrays :func:`prepare` takes (``MoEWeights(cfg, {"gate_up_blocks": ..., ...})``).
+
+    Attributes:
+        config: the layer's :class:`MoEConfig`.
+        tensors: by weight name (``gate_up_blocks``, ``gate_up_scales``, ``down_blocks``,
+            ``down_scales`` for MXFP4 or ``gate_up``, ``down`` for BF16; optional ``gate_up_bias``,
+            ``down_bias``, ``router_weight``, ``router_bias``, ``correction_bias``).
+    """
+
+    config: MoEConfig
+    tensors: dict[str, Any]
+
+    @property
+    def format(self) -> str:
+        """``"mxfp4"`` or ``"bf16"``."""
+        return "mxfp4" if _is_mxfp4(self.tensors) else "bf16"
+
+    def prepare(self, device: Any = "cpu") -> "PreparedMoE":
+        """:func:`prepare` of these weights for ``device``."""
+        return prepare(self.config, device=device, **self.tensors)
+
+    def _c(self) -> _lib.MoeWeightsC:
+        return weights_c(self.tensors)
+
+    @classmethod
+    def _allocate(cls, config: MoEConfig, format: str, dtypes: dict[str, int]) -> "MoEWeights":
+        """Empty host tensors for ``dtypes`` (weight name -> C ABI dtype code) in the checkpoint
+        layout of ``config`` (torch CPU tensors)."""
+        try:
+            import torch
+        except ImportError:
+            raise ImportError("mxmoe: MoEWeights holds torch tensors: install torch (pip install mxmoe[torch])") from None
+        shapes = checkpoint_shapes(config, format)
+        return cls(config, {name: torch.empty(shapes[name], dtype=_tensor.torch_dtype(code))
+                            for name, code in dtypes.items()})
 
 
 def moe_forward(
@@ -239,14 +332,15 @@ def moe_forward(
     ws_ptr, ws_bytes = None, 0
     if layer._device[0] == _lib.DEVICE_CUDA:
         if workspace is None:
-            tokens = _lib.unpack_tensor(xc)[4][:1] or (0,)
             if not _tensor.is_torch(x):
-                raise invalid("workspace", f"device memory of {layer.workspace_bytes(tokens[0])} bytes", "none")
-            workspace = _tensor.empty(x, (layer.workspace_bytes(tokens[0]),), _lib.U8, "workspace")
+                tokens = (_lib.unpack_tensor(xc)[4] or (0,))[0]
+                raise invalid("workspace", f"device memory of {layer.workspace_bytes(tokens)} bytes", "none")
+            workspace = _tensor.empty(x, (layer.workspace_bytes(x.shape[0] if x.dim() else 0),), _lib.U8,
+                                      "workspace")
         ws_ptr, ws_bytes, ws_device = _tensor.buffer(workspace, "workspace")
         if ws_device != layer._device:
             raise invalid("workspace", f"memory on {layer.device} (where the layer is)",
-                          f"memory on {_device_name(ws_device)}")
+                          f"memory on {device_name(ws_device)}")
     status = _lib.lib.mxmoe_moe_forward(
         handle,
         xc,
@@ -261,15 +355,6 @@ def moe_forward(
     if status:
         _lib.raise_last_error(status)
     return out
-
-
-def forward_tolerance(device: Any = "cpu") -> float:
-    """The relative L2 error :func:`moe_forward` on ``device`` ("cpu" or "cuda[:N]") is held to
-    against the float64 reference on the same MXFP4 weights: 1e-4 for the CPU backend (float32
-    accumulation), 4e-3 for the CUDA layer (bf16 activations and output; docs/moe_layer.md)."""
-    tol = ctypes.c_double()
-    _lib.check(_lib.lib.mxmoe_forward_rel_l2_tolerance(_parse_device(device)[0], ctypes.byref(tol)))
-    return tol.value
 
 
 def live_layer(layer_id: int) -> PreparedMoE:

@@ -236,6 +236,15 @@ def empty_like(like: Any, name: str):
 def buffer(obj: Any, name: str) -> tuple[int, int, tuple[int, int]]:
     """(pointer, bytes, (device type, device id)) of a contiguous array used as raw memory (a
     workspace, a statistics record); InvalidArgument naming ``name`` when it is not contiguous."""
+    if type(obj) is _torch_tensor_type:  # the per-forward path (a workspace): no packing
+        try:
+            contiguous = obj.is_contiguous()
+        except RuntimeError:  # sparse and other layouts without strides: the checks below say so
+            contiguous = False
+        if contiguous and obj.is_cuda:
+            return obj.data_ptr(), obj.nbytes, (_lib.DEVICE_CUDA, obj.get_device())
+        if contiguous and obj.is_cpu:
+            return obj.data_ptr(), obj.nbytes, (_lib.DEVICE_CPU, 0)
     data, code, device_type, device_id, shape, strides = _lib.unpack_tensor(view(obj, name, writable=True))
     expected = 1
     for size, stride in zip(reversed(shape), reversed(strides)):

@@ -21,10 +21,11 @@ from typing import Any, Callable
 
 import torch
 
-from . import _moe, _quant
+from . import _moe, _quant, _verify
 from . import torch as mxmoe_torch  # registers torch.ops.mxmoe
 from ._errors import invalid
 from ._quant import QuantStats
+from ._verify import Tolerance, Verification
 
 
 @dataclass
@@ -180,23 +181,32 @@ def rel_l2(got: torch.Tensor, want: torch.Tensor) -> float:
 @dataclass
 class BlockCheck:
     name: str
-    rel_l2: float  #: block output against the block's own forward (float32) on the same input
+    check: Verification  #: block output against the block's own forward (float32) on the same input
     gate_up_sqnr_db: float
     down_sqnr_db: float
+
+    @property
+    def rel_l2(self) -> float:
+        return self.check.rel_l2
 
 
 @dataclass
 class ModelCheck:
-    """What :func:`check_model` measured."""
+    """What :func:`check_model` measured; each comparison judged by :func:`mxmoe.compare` under the
+    backend's :class:`~mxmoe.Tolerance` (rel-L2, and on CUDA the max error)."""
 
     backend: str  #: "cpu" or "cuda:N": where the mxmoe layers ran
-    tolerance: float  #: mxmoe.forward_tolerance(backend)
+    tolerance: Tolerance  #: mxmoe.forward_tolerance(backend)
     blocks: list[BlockCheck]
-    logits_rel_l2: float  #: whole-model logits against the model's own forward
+    logits: Verification  #: whole-model logits against the model's own forward
+
+    @property
+    def logits_rel_l2(self) -> float:
+        return self.logits.rel_l2
 
     @property
     def passed(self) -> bool:
-        return all(b.rel_l2 <= self.tolerance for b in self.blocks) and self.logits_rel_l2 <= self.tolerance
+        return all(b.check.passed for b in self.blocks) and self.logits.passed
 
 
 def _block_reference(block: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
@@ -253,9 +263,11 @@ def check_model(model: torch.nn.Module, input_ids: torch.Tensor, rule: str = "ev
         got = got[0] if isinstance(got, tuple) else got
         want = _block_reference(block, x.to(torch.bfloat16) if layer.is_cuda else x)
         q = quantized[name]
-        checks.append(BlockCheck(name, rel_l2(got, want), q.gate_up_stats.sqnr_db, q.down_stats.sqnr_db))
+        check = _verify.compare(got.float(), want.float(), backend)
+        checks.append(BlockCheck(name, check, q.gate_up_stats.sqnr_db, q.down_stats.sqnr_db))
     got_logits = model(input_ids).logits.float()
-    return ModelCheck(backend, _moe.forward_tolerance(backend), checks, rel_l2(got_logits, want_logits))
+    return ModelCheck(backend, _verify.forward_tolerance(backend), checks,
+                      _verify.compare(got_logits, want_logits, backend))
 
 
 def restore_block(block: torch.nn.Module) -> None:

@@ -1,4 +1,5 @@
-"""Shared by the Python tests: the CUDA condition GPU tests skip on (with the reason), seeds."""
+"""Shared by the Python tests: the CUDA condition GPU tests skip on (with the reason), the `cuda`
+marker that selects them (python/tests/gpu_step.py runs `-m cuda` on the GPU machine), seeds."""
 
 import pytest
 import torch
@@ -16,7 +17,15 @@ def _cuda_reason() -> str | None:
 
 
 CUDA_SKIP_REASON = _cuda_reason()
-requires_cuda = pytest.mark.skipif(CUDA_SKIP_REASON is not None, reason=CUDA_SKIP_REASON or "")
+
+
+def requires_cuda(test):
+    """Marks a test `cuda` and skips it, with the reason, where the CUDA backend cannot run."""
+    return pytest.mark.cuda(pytest.mark.skipif(CUDA_SKIP_REASON is not None, reason=CUDA_SKIP_REASON or "")(test))
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "cuda: needs mxmoe's CUDA backend and a GPU (skipped with the reason otherwise)")
 
 
 @pytest.fixture(autouse=True)

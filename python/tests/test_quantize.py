@@ -109,6 +109,14 @@ def test_nonfinite_blocks_are_counted():
     assert scales[0, 0].item() == 0xFF and scales[1, 1].item() == 0xFF
 
 
+def assert_same_stats(gpu, cpu):
+    """The counts exactly; the float64 sums to 1e-6 (the GPU reduces in another order)."""
+    for name in ("elements", "blocks", "saturated_blocks", "clamped_elements", "flushed_elements", "nonfinite_blocks"):
+        assert getattr(gpu, name) == getattr(cpu, name), name
+    for name in ("signal_sq", "error_sq"):
+        assert getattr(gpu, name) == pytest.approx(getattr(cpu, name), rel=1e-6, abs=0.0), name
+
+
 @requires_cuda
 @pytest.mark.parametrize("rule", mxmoe.RULES)
 @pytest.mark.parametrize("layout", mxmoe.SCALE_LAYOUTS)
@@ -118,12 +126,12 @@ def test_cuda_matches_cpu_bitwise(rule, layout, dtype):
     want = mxmoe.quantize(x, rule, layout, stats=True)
     got = mxmoe.quantize(x.cuda(), rule, layout, stats=True)
     assert got[0].is_cuda and torch.equal(got[0].cpu(), want[0]) and torch.equal(got[1].cpu(), want[1])
-    assert got[2] == want[2]
+    assert_same_stats(got[2], want[2])
     stats = torch.empty(8, dtype=torch.int64, device="cuda")
     mxmoe.quantize(x.cuda(), rule, layout, device_stats=stats)
     import mxmoe.torch
 
-    assert mxmoe.torch.stats_from_tensor(stats) == want[2]
+    assert_same_stats(mxmoe.torch.stats_from_tensor(stats), want[2])
     for out_dtype in ("f32", "bf16"):
         assert torch.equal(mxmoe.dequantize(got[0], got[1], layout, dtype=out_dtype).cpu(),
                            mxmoe.dequantize(want[0], want[1], layout, dtype=out_dtype))

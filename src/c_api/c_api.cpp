@@ -1,24 +1,30 @@
 // The C ABI (include/mxmoe/c_api.h): library information, errors, devices, quantize and
-// dequantize. The MoE layer's functions are in moe.cpp.
+// dequantize, and the pieces every part shares (bridge.h). The MoE layer is in moe.cpp,
+// verification in verify.cpp, synthetic layers and presets in synthetic.cpp, checkpoints in
+// checkpoint.cpp.
 #include "mxmoe/c_api.h"
 
 #include <cstddef>
 #include <cstring>
 #include <new>
 #include <string>
+#include <system_error>
 
 #include "bridge.h"
 #include "device_guard.h"
 #include "mxmoe/cuda.h"
 #include "mxmoe/error.h"
 #include "mxmoe/layout.h"
+#include "mxmoe/validate.h"
 #include "mxmoe/quantize.h"
+#include "mxmoe/safetensors.h"
 
 namespace mxmoe::c_api {
 namespace {
 
 thread_local std::string g_error;
 thread_local std::string g_error_arg;
+thread_local int32_t g_error_code = 0;
 
 // The Python package packs mxmoe_tensor with struct.pack (python/mxmoe/_lib.py, TENSOR_FORMATS).
 static_assert(sizeof(mxmoe_tensor) == 152 && offsetof(mxmoe_tensor, shape) == 24 &&
@@ -46,12 +52,6 @@ void copy_out(const std::string& s, char* buf, size_t size) {
   buf[n] = '\0';
 }
 
-mx::scale_rule to_rule(int32_t rule) {
-  MXMOE_CHECK_ARG(rule >= MXMOE_RULE_FLOOR && rule <= MXMOE_RULE_MSE, "rule",
-                  "0 (floor), 1 (even), 2 (rceil) or 3 (mse)", std::to_string(rule));
-  return static_cast<mx::scale_rule>(rule);
-}
-
 scale_layout to_layout(int32_t layout) {
   MXMOE_CHECK_ARG(layout == MXMOE_SCALES_LINEAR || layout == MXMOE_SCALES_TILED_128X4, "layout",
                   "0 (linear) or 1 (tiled_128x4)", std::to_string(layout));
@@ -63,6 +63,28 @@ void copy_stats(const quant_stats& s, mxmoe_quant_stats* out) {
 }
 
 }  // namespace
+
+mx::scale_rule to_rule(int32_t rule) {
+  MXMOE_CHECK_ARG(rule >= MXMOE_RULE_FLOOR && rule <= MXMOE_RULE_MSE, "rule",
+                  "0 (floor), 1 (even), 2 (rceil) or 3 (mse)", std::to_string(rule));
+  return static_cast<mx::scale_rule>(rule);
+}
+
+device_kind to_device_kind(int32_t device_type, const char* name) {
+  MXMOE_CHECK_ARG(device_type == MXMOE_DEVICE_CPU || device_type == MXMOE_DEVICE_CUDA, name, "0 (cpu) or 1 (cuda)",
+                  std::to_string(device_type));
+  return device_type == MXMOE_DEVICE_CUDA ? device_kind::cuda : device_kind::cpu;
+}
+
+device_ref to_device(int32_t device_type, int32_t device_id, const char* name) {
+  const device_kind kind = to_device_kind(device_type, name);
+  return {kind, kind == device_kind::cuda ? device_id : 0};
+}
+
+void check_output(const tensor_view& dst, const std::string& name, dtype type, const std::vector<int64_t>& shape) {
+  MXMOE_CHECK_ARG(dst.device == device_kind::cpu, name, "a host tensor", "a cuda tensor");
+  check_tensor(dst, name.c_str(), {type}, shape);
+}
 
 tensor_view optional_view(const mxmoe_tensor* t, const char* name) {
   if (!t) return {};
@@ -135,6 +157,7 @@ void require_device(device_ref d, const char* where,
 
 mxmoe_status status_from_current_exception() noexcept {
   try {
+    g_error_code = 0;
     try {
       throw;
     } catch (const mxmoe::invalid_argument& e) {
@@ -153,6 +176,19 @@ mxmoe_status status_from_current_exception() noexcept {
       g_error = e.what();
       g_error_arg.clear();
       return MXMOE_ERR_INVALID_ARGUMENT;
+    } catch (const format_error& e) {
+      g_error = e.what();
+      g_error_arg.clear();
+      return MXMOE_ERR_FORMAT;
+    } catch (const std::system_error& e) {
+      g_error = e.what();
+      g_error_arg.clear();
+      g_error_code = e.code().value();
+      return MXMOE_ERR_IO;
+    } catch (const cancelled& e) {
+      g_error = e.what();
+      g_error_arg.clear();
+      return MXMOE_ERR_CANCELLED;
     } catch (const std::runtime_error& e) {
       g_error = e.what();
       g_error_arg.clear();
@@ -190,6 +226,7 @@ int32_t mxmoe_built_with_cuda(void) {
 }
 const char* mxmoe_last_error(void) { return g_error.c_str(); }
 const char* mxmoe_last_error_argument(void) { return g_error_arg.c_str(); }
+int32_t mxmoe_last_error_code(void) { return g_error_code; }
 
 mxmoe_status mxmoe_cuda_available(int32_t device, int32_t* available, char* why, size_t why_size) {
   return guarded([&] {

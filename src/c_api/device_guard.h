@@ -5,6 +5,8 @@
 // why, instead of failing later in a kernel launch.
 #pragma once
 
+#include <optional>
+
 namespace mxmoe::c_api {
 
 class device_guard {
@@ -16,6 +18,17 @@ class device_guard {
 
  private:
   int previous_ = -1;  // -1: nothing to restore
+};
+
+// A device_guard only for a CUDA call; nothing for a CPU one.
+class optional_device_guard {
+ public:
+  optional_device_guard(bool cuda, int device) {
+    if (cuda) guard_.emplace(device);
+  }
+
+ private:
+  std::optional<device_guard> guard_;
 };
 
 }  // namespace mxmoe::c_api

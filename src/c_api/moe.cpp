@@ -1,37 +1,22 @@
-// The C ABI's MoE layer (mxmoe_moe_*): prepared weights that own their memory, and forward.
-// The one place the C ABI maps onto the C++ MoE API: the CPU backend (cpu::moe_forward on a
-// private copy of the weights) or the CUDA layer (cuda::moe_layer, weights in device memory).
-#include <cstddef>
+// The C ABI's MoE layer (mxmoe_moe_*): the configuration and weight structs, layers prepared
+// through forward.h (mxmoe::prepare, which owns what it needs), and forward (mxmoe::moe_forward),
+// with the CUDA device of the call made current.
+#include <chrono>
 #include <cstring>
 #include <memory>
 #include <optional>
 #include <string>
-#include <vector>
 
 #include "bridge.h"
 #include "device_guard.h"
 #include "mxmoe/c_api.h"
-#include "mxmoe/cuda.h"
 #include "mxmoe/error.h"
+#include "mxmoe/forward.h"
 #include "mxmoe/moe.h"
 #include "mxmoe/validate.h"
 
-struct mxmoe_moe {
-  mxmoe::c_api::device_ref device;
-  mxmoe::moe_config cfg;
-  // CPU backend: the weights, copied into storage the layer owns.
-  mxmoe::moe_weights weights;
-  std::vector<std::unique_ptr<std::byte[]>> storage;
-  // CUDA backend.
-  std::optional<mxmoe::cuda::moe_layer> layer;
-};
-
 namespace mxmoe::c_api {
 namespace {
-
-// The CPU backend accumulates in float32; its bound against the float64 reference is the one the
-// command line checks (docs/cli.md, `mxmoe run`).
-constexpr double kCpuForwardRelL2Tolerance = 1e-4;
 
 static_assert(MXMOE_ROUTING_SIGMOID_GROUPED_TOPK == static_cast<int>(routing_kind::sigmoid_grouped_topk));
 static_assert(MXMOE_ACT_SWIGLU_CLAMPED == static_cast<int>(activation_kind::swiglu_clamped));
@@ -43,6 +28,51 @@ E to_enum(int32_t v, int32_t last, const char* name, const char* expected) {
   MXMOE_CHECK_ARG(v >= 0 && v <= last, name, expected, std::to_string(v));
   return static_cast<E>(v);
 }
+
+constexpr weight_slot kWeightSlots[] = {
+    {"gate_up_blocks", &mxmoe_moe_weights::gate_up_blocks, &moe_weights::gate_up_blocks},
+    {"gate_up_scales", &mxmoe_moe_weights::gate_up_scales, &moe_weights::gate_up_scales},
+    {"down_blocks", &mxmoe_moe_weights::down_blocks, &moe_weights::down_blocks},
+    {"down_scales", &mxmoe_moe_weights::down_scales, &moe_weights::down_scales},
+    {"gate_up", &mxmoe_moe_weights::gate_up, &moe_weights::gate_up},
+    {"down", &mxmoe_moe_weights::down, &moe_weights::down},
+    {"gate_up_bias", &mxmoe_moe_weights::gate_up_bias, &moe_weights::gate_up_bias},
+    {"down_bias", &mxmoe_moe_weights::down_bias, &moe_weights::down_bias},
+    {"router_weight", &mxmoe_moe_weights::router_weight, &moe_weights::router_weight},
+    {"router_bias", &mxmoe_moe_weights::router_bias, &moe_weights::router_bias},
+    {"correction_bias", &mxmoe_moe_weights::correction_bias, &moe_weights::correction_bias},
+};
+
+// The routing tensors of a forward, checked like every other tensor.
+routing_input to_routing(const mxmoe_tensor* logits, const mxmoe_tensor* ids, const mxmoe_tensor* weights) {
+  routing_input r;
+  r.logits = optional_view(logits, "routing.logits");
+  r.ids = optional_view(ids, "routing.ids");
+  r.weights = optional_view(weights, "routing.weights");
+  return r;
+}
+
+// What mxmoe_moe_forward and mxmoe_moe_forward_timed check before they call moe_forward.
+struct forward_call {
+  tensor_view x, out;
+  routing_input routing;
+  size_t workspace_bytes = 0;
+};
+
+forward_call to_forward_call(const mxmoe_moe& m, const mxmoe_tensor* x, const mxmoe_tensor* logits,
+                             const mxmoe_tensor* ids, const mxmoe_tensor* weights, const mxmoe_tensor* out,
+                             int64_t workspace_bytes) {
+  forward_call c{required_view(x, "x"), required_view(out, "out"), to_routing(logits, ids, weights), 0};
+  require_device(m.device, "where the layer's weights are",
+                 {{"x", x}, {"routing.logits", logits}, {"routing.ids", ids}, {"routing.weights", weights}, {"out", out}});
+  MXMOE_CHECK_ARG(workspace_bytes >= 0, "workspace_bytes", "a size >= 0", std::to_string(workspace_bytes));
+  c.workspace_bytes = static_cast<size_t>(workspace_bytes);
+  return c;
+}
+
+}  // namespace
+
+std::span<const weight_slot> weight_slots() { return kWeightSlots; }
 
 moe_config to_config(const mxmoe_moe_config* c) {
   MXMOE_CHECK_ARG(c != nullptr, "cfg", "a configuration", "NULL");
@@ -65,47 +95,55 @@ moe_config to_config(const mxmoe_moe_config* c) {
   return cfg;
 }
 
-struct weight_slot {
-  const char* name;
-  const mxmoe_tensor* mxmoe_moe_weights::*src;
-  tensor_view moe_weights::*dst;
-};
-constexpr weight_slot kWeightSlots[] = {
-    {"weights.gate_up_blocks", &mxmoe_moe_weights::gate_up_blocks, &moe_weights::gate_up_blocks},
-    {"weights.gate_up_scales", &mxmoe_moe_weights::gate_up_scales, &moe_weights::gate_up_scales},
-    {"weights.down_blocks", &mxmoe_moe_weights::down_blocks, &moe_weights::down_blocks},
-    {"weights.down_scales", &mxmoe_moe_weights::down_scales, &moe_weights::down_scales},
-    {"weights.gate_up", &mxmoe_moe_weights::gate_up, &moe_weights::gate_up},
-    {"weights.down", &mxmoe_moe_weights::down, &moe_weights::down},
-    {"weights.gate_up_bias", &mxmoe_moe_weights::gate_up_bias, &moe_weights::gate_up_bias},
-    {"weights.down_bias", &mxmoe_moe_weights::down_bias, &moe_weights::down_bias},
-    {"weights.router_weight", &mxmoe_moe_weights::router_weight, &moe_weights::router_weight},
-    {"weights.router_bias", &mxmoe_moe_weights::router_bias, &moe_weights::router_bias},
-    {"weights.correction_bias", &mxmoe_moe_weights::correction_bias, &moe_weights::correction_bias},
-};
+mxmoe_moe_config from_config(const moe_config& c) {
+  mxmoe_moe_config r{};
+  r.experts = c.shape.experts;
+  r.hidden = c.shape.hidden;
+  r.intermediate = c.shape.intermediate;
+  r.routing_kind = static_cast<int32_t>(c.routing.kind);
+  r.top_k = c.routing.top_k;
+  r.renormalize = c.routing.renormalize ? 1 : 0;
+  r.n_group = c.routing.n_group;
+  r.topk_group = c.routing.topk_group;
+  r.routed_scaling_factor = c.routing.routed_scaling_factor;
+  r.activation_kind = static_cast<int32_t>(c.activation.kind);
+  r.alpha = c.activation.alpha;
+  r.limit = c.activation.limit;
+  r.gate_up_order = static_cast<int32_t>(c.gate_up);
+  return r;
+}
 
-moe_weights to_weights(const mxmoe_moe_weights* w) {
-  MXMOE_CHECK_ARG(w != nullptr, "weights", "the layer's weights", "NULL");
+moe_weights to_weights(const mxmoe_moe_weights* w, const char* prefix) {
+  const std::string p = prefix;
+  MXMOE_CHECK_ARG(w != nullptr, p, "the layer's weights", "NULL");
   moe_weights out;
-  out.format = to_enum<weight_format>(w->format, MXMOE_WEIGHTS_BF16, "weights.format", "0 (mxfp4) or 1 (bf16)");
-  for (const weight_slot& s : kWeightSlots) out.*s.dst = optional_view(w->*s.src, s.name);
+  out.format = to_enum<weight_format>(w->format, MXMOE_WEIGHTS_BF16, (p + ".format").c_str(), "0 (mxfp4) or 1 (bf16)");
+  for (const weight_slot& s : kWeightSlots) out.*s.dst = optional_view(w->*s.src, (p + "." + s.field).c_str());
   return out;
 }
 
-// The CPU backend reads the weights on every forward: it keeps its own copy (validated, so each
-// given tensor is contiguous and nbytes() covers it).
-void copy_weights(mxmoe_moe& m) {
+void copy_weights_out(const moe_weights& src, const mxmoe_moe_weights* out) {
+  MXMOE_CHECK_ARG(out != nullptr, "out", "the tensors to write the weights into", "NULL");
+  const moe_weights dst = to_weights(out, "out");
+  MXMOE_CHECK_ARG(dst.format == src.format, "out.format",
+                  std::to_string(static_cast<int>(src.format)) + " (" + to_string(src.format) + ")",
+                  std::to_string(out->format));
   for (const weight_slot& s : kWeightSlots) {
-    tensor_view& v = m.weights.*s.dst;
-    if (is_absent(v)) continue;
-    MXMOE_CHECK_ARG(v.device == device_kind::cpu, s.name, "a cpu tensor (the layer is prepared for the cpu)",
-                    "a cuda tensor");
-    auto bytes = std::make_unique<std::byte[]>(v.nbytes());
-    if (v.nbytes()) std::memcpy(bytes.get(), v.data, v.nbytes());
-    v.data = bytes.get();
-    v.strides.clear();
-    m.storage.push_back(std::move(bytes));
+    const tensor_view &from = src.*s.dst, &to = dst.*s.dst;
+    const std::string name = std::string("out.") + s.field;
+    if (is_absent(to)) continue;
+    MXMOE_CHECK_ARG(!is_absent(from), name, "NULL (the layer has no such tensor)", "a tensor");
+    check_output(to, name, from.type, from.shape);
   }
+  for (const weight_slot& s : kWeightSlots) {
+    const tensor_view &from = src.*s.dst, &to = dst.*s.dst;
+    if (!is_absent(to) && from.nbytes()) std::memcpy(to.data, from.data, from.nbytes());
+  }
+}
+
+std::unique_ptr<mxmoe_moe> prepare_on(const moe_weights& weights, const moe_config& cfg, device_ref d) {
+  const optional_device_guard guard(d.kind == device_kind::cuda, d.id);
+  return std::unique_ptr<mxmoe_moe>(new mxmoe_moe{d, prepare(weights, cfg, d.kind)});
 }
 
 const mxmoe_moe& require_layer(const mxmoe_moe* layer) {
@@ -113,7 +151,6 @@ const mxmoe_moe& require_layer(const mxmoe_moe* layer) {
   return *layer;
 }
 
-}  // namespace
 }  // namespace mxmoe::c_api
 
 using namespace mxmoe;
@@ -121,40 +158,34 @@ using namespace mxmoe::c_api;
 
 extern "C" {
 
+mxmoe_status mxmoe_moe_config_validate(const mxmoe_moe_config* cfg) {
+  return guarded([&] { to_config(cfg); });
+}
+
 mxmoe_status mxmoe_moe_prepare(const mxmoe_moe_config* cfg, const mxmoe_moe_weights* weights, int32_t device_type,
                                int32_t device_id, mxmoe_moe** layer) {
   return guarded([&] {
     MXMOE_CHECK_ARG(layer != nullptr, "layer", "a pointer to the result", "NULL");
     *layer = nullptr;
-    MXMOE_CHECK_ARG(device_type == MXMOE_DEVICE_CPU || device_type == MXMOE_DEVICE_CUDA, "device_type",
-                    "0 (cpu) or 1 (cuda)", std::to_string(device_type));
-    auto m = std::make_unique<mxmoe_moe>();
-    m->device = {device_type == MXMOE_DEVICE_CUDA ? device_kind::cuda : device_kind::cpu,
-                 device_type == MXMOE_DEVICE_CUDA ? device_id : 0};
-    m->cfg = to_config(cfg);
-    m->weights = to_weights(weights);
-    validate(m->weights, m->cfg);
-    if (m->device.kind == device_kind::cpu) {
-      copy_weights(*m);
-    } else {
-      // Expert matrices may be host or device memory; device ones must be on the target device.
-      for (const weight_slot& s : kWeightSlots) {
+    const device_ref d = to_device(device_type, device_id, "device_type");
+    const moe_config c = to_config(cfg);
+    const moe_weights w = to_weights(weights);
+    if (d.kind == device_kind::cuda) {
+      // Device expert matrices must be on the device prepared for (forward.h sees only "cuda").
+      for (const weight_slot& s : weight_slots()) {
         const mxmoe_tensor* t = weights->*s.src;
-        if (t && t->device_type == MXMOE_DEVICE_CUDA) require_device(m->device, "the device prepared for", {{s.name, t}});
+        if (t && t->device_type == MXMOE_DEVICE_CUDA)
+          require_device(d, "the device prepared for", {{(std::string("weights.") + s.field).c_str(), t}});
       }
-      device_guard guard(m->device.id);
-      m->layer.emplace(m->weights, m->cfg);
-      m->weights = {};  // the layer holds what it needs; the caller's pointers are not kept
     }
-    *layer = m.release();
+    *layer = prepare_on(w, c, d).release();
   });
 }
 
 void mxmoe_moe_free(mxmoe_moe* layer) {
   if (!layer) return;
   try {
-    std::optional<device_guard> guard;
-    if (layer->layer) guard.emplace(layer->device.id);
+    const optional_device_guard guard(layer->device.kind == device_kind::cuda, layer->device.id);
     delete layer;
   } catch (...) {
     delete layer;
@@ -174,7 +205,7 @@ mxmoe_status mxmoe_moe_workspace_bytes(const mxmoe_moe* layer, int64_t max_token
     const mxmoe_moe& m = require_layer(layer);
     MXMOE_CHECK_ARG(max_tokens >= 0, "max_tokens", "a token count >= 0", std::to_string(max_tokens));
     MXMOE_CHECK_ARG(bytes != nullptr, "bytes", "a pointer to the result", "NULL");
-    *bytes = m.layer ? static_cast<int64_t>(m.layer->workspace_bytes(max_tokens)) : 0;
+    *bytes = static_cast<int64_t>(m.layer.workspace_bytes(max_tokens));
   });
 }
 
@@ -182,12 +213,7 @@ mxmoe_status mxmoe_moe_weight_bytes(const mxmoe_moe* layer, int64_t* bytes) {
   return guarded([&] {
     const mxmoe_moe& m = require_layer(layer);
     MXMOE_CHECK_ARG(bytes != nullptr, "bytes", "a pointer to the result", "NULL");
-    int64_t n = 0;
-    if (m.layer) n = static_cast<int64_t>(m.layer->weight_bytes());
-    else
-      for (const weight_slot& s : kWeightSlots)
-        if (!is_absent(m.weights.*s.dst)) n += static_cast<int64_t>((m.weights.*s.dst).nbytes());
-    *bytes = n;
+    *bytes = static_cast<int64_t>(m.layer.weight_bytes());
   });
 }
 
@@ -196,26 +222,26 @@ mxmoe_status mxmoe_moe_forward(const mxmoe_moe* layer, const mxmoe_tensor* x, co
                                void* workspace, int64_t workspace_bytes, void* stream) {
   return guarded([&] {
     const mxmoe_moe& m = require_layer(layer);
-    const tensor_view xv = required_view(x, "x"), ov = required_view(out, "out");
-    routing_input routing;
-    routing.logits = optional_view(logits, "routing.logits");
-    routing.ids = optional_view(ids, "routing.ids");
-    routing.weights = optional_view(weights, "routing.weights");
-    require_device(m.device, "where the layer's weights are",
-                   {{"x", x}, {"routing.logits", logits}, {"routing.ids", ids}, {"routing.weights", weights}, {"out", out}});
-    if (!m.layer) return cpu::moe_forward(xv, routing, m.weights, m.cfg, ov, cpu::precision::f32);
-    MXMOE_CHECK_ARG(workspace_bytes >= 0, "workspace_bytes", "a size >= 0", std::to_string(workspace_bytes));
-    device_guard guard(m.device.id);
-    m.layer->forward(xv, routing, ov, workspace, static_cast<size_t>(workspace_bytes), stream);
+    const forward_call c = to_forward_call(m, x, logits, ids, weights, out, workspace_bytes);
+    const optional_device_guard guard(m.device.kind == device_kind::cuda, m.device.id);
+    moe_forward(m.layer, c.x, c.routing, c.out, workspace, c.workspace_bytes, stream);
   });
 }
 
-mxmoe_status mxmoe_forward_rel_l2_tolerance(int32_t device_type, double* tolerance) {
+mxmoe_status mxmoe_moe_forward_timed(const mxmoe_moe* layer, const mxmoe_tensor* x, const mxmoe_tensor* logits,
+                                     const mxmoe_tensor* ids, const mxmoe_tensor* weights, const mxmoe_tensor* out,
+                                     void* workspace, int64_t workspace_bytes, void* stream, int64_t iterations,
+                                     double* seconds) {
   return guarded([&] {
-    MXMOE_CHECK_ARG(device_type == MXMOE_DEVICE_CPU || device_type == MXMOE_DEVICE_CUDA, "device_type",
-                    "0 (cpu) or 1 (cuda)", std::to_string(device_type));
-    MXMOE_CHECK_ARG(tolerance != nullptr, "tolerance", "a pointer to the result", "NULL");
-    *tolerance = device_type == MXMOE_DEVICE_CUDA ? cuda::kForwardRelL2Tolerance : kCpuForwardRelL2Tolerance;
+    const mxmoe_moe& m = require_layer(layer);
+    MXMOE_CHECK_ARG(iterations >= 1, "iterations", "a count >= 1", std::to_string(iterations));
+    MXMOE_CHECK_ARG(seconds != nullptr, "seconds", "a pointer to the result", "NULL");
+    const forward_call c = to_forward_call(m, x, logits, ids, weights, out, workspace_bytes);
+    const optional_device_guard guard(m.device.kind == device_kind::cuda, m.device.id);
+    const auto t0 = std::chrono::steady_clock::now();
+    for (int64_t i = 0; i < iterations; ++i)
+      moe_forward(m.layer, c.x, c.routing, c.out, workspace, c.workspace_bytes, stream);
+    *seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   });
 }
 
@@ -225,12 +251,8 @@ mxmoe_status mxmoe_moe_error_flags(const mxmoe_moe* layer, const void* workspace
     const mxmoe_moe& m = require_layer(layer);
     MXMOE_CHECK_ARG(flags != nullptr, "flags", "a pointer to the result", "NULL");
     MXMOE_CHECK_ARG(workspace_bytes >= 0, "workspace_bytes", "a size >= 0", std::to_string(workspace_bytes));
-    if (!m.layer) {
-      *flags = 0;
-      return;
-    }
-    device_guard guard(m.device.id);
-    *flags = m.layer->read_error_flags(workspace, static_cast<size_t>(workspace_bytes));
+    const optional_device_guard guard(m.device.kind == device_kind::cuda, m.device.id);
+    *flags = m.layer.read_error_flags(workspace, static_cast<size_t>(workspace_bytes));
   });
 }
 

@@ -1,18 +1,27 @@
 // The C ABI (include/mxmoe/c_api.h, libmxmoe_c.so) as a C caller sees it: statuses and the
 // thread-local last error for what the Python package never sends (NULL pointers, enum values
-// out of range, ranks and sizes out of range), and a quantize / MoE forward round trip.
+// out of range, ranks and sizes out of range), a quantize / MoE forward round trip, and the
+// library's road through the ABI: synthetic layers and presets, a checkpoint opened, listed, read
+// and prepared, verification, conversion with its report, progress and cancellation.
 #include "mxmoe/c_api.h"
 
 #include <gtest/gtest.h>
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <filesystem>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "mxmoe/checkpoint.h"
 #include "mxmoe/layout.h"
+#include "mxmoe/presets.h"
+#include "mxmoe/safetensors.h"
+#include "mxmoe/synthetic.h"
 
 namespace {
 
@@ -149,11 +158,285 @@ TEST(CApi, MoeLayerLifecycle) {
   EXPECT_EQ(bytes, 0);
   ASSERT_EQ(mxmoe_moe_weight_bytes(layer, &bytes), MXMOE_OK);
   EXPECT_EQ(bytes, static_cast<int64_t>(gu_blocks.size() + gu_scales.size() + dn_blocks.size() + dn_scales.size()));
-  double tol = 0;
-  ASSERT_EQ(mxmoe_forward_rel_l2_tolerance(MXMOE_DEVICE_CPU, &tol), MXMOE_OK);
+  double tol = 0, max_err = 0;
+  ASSERT_EQ(mxmoe_forward_tolerance(MXMOE_DEVICE_CPU, &tol, &max_err), MXMOE_OK);
   EXPECT_EQ(tol, 1e-4);
+  EXPECT_TRUE(std::isinf(max_err));
   mxmoe_moe_free(layer);
   mxmoe_moe_free(nullptr);
+}
+
+// ---- the library's road through the ABI --------------------------------------------------------
+
+namespace fs = std::filesystem;
+
+constexpr int64_t kE = 4, kH = 64, kI = 96;
+
+mxmoe_moe_config gpt_oss_like() {
+  return {kE, kH, kI, MXMOE_ROUTING_TOPK_SOFTMAX, 2, 0, 1, 1, 1.0f, MXMOE_ACT_SWIGLU_CLAMPED, 1.702f, 7.0f,
+          MXMOE_GATE_UP_INTERLEAVED};
+}
+
+// Host buffers of one MXFP4 layer (with biases) and the mxmoe_moe_weights viewing them.
+struct layer_buffers {
+  std::vector<uint8_t> gub = std::vector<uint8_t>(kE * 2 * kI * kH / 2), gus = std::vector<uint8_t>(kE * 2 * kI * kH / 32),
+                       dnb = std::vector<uint8_t>(kE * kH * kI / 2), dns = std::vector<uint8_t>(kE * kH * kI / 32);
+  std::vector<uint16_t> gu_bias = std::vector<uint16_t>(kE * 2 * kI), dn_bias = std::vector<uint16_t>(kE * kH);
+  mxmoe_tensor t[6];
+  mxmoe_moe_weights w{};
+  layer_buffers() {
+    t[0] = make(gub.data(), MXMOE_U8, {kE, 2 * kI, kH / 32, 16});
+    t[1] = make(gus.data(), MXMOE_U8, {kE, 2 * kI, kH / 32});
+    t[2] = make(dnb.data(), MXMOE_U8, {kE, kH, kI / 32, 16});
+    t[3] = make(dns.data(), MXMOE_U8, {kE, kH, kI / 32});
+    t[4] = make(gu_bias.data(), MXMOE_BF16, {kE, 2 * kI});
+    t[5] = make(dn_bias.data(), MXMOE_BF16, {kE, kH});
+    w.format = MXMOE_WEIGHTS_MXFP4;
+    w.gate_up_blocks = &t[0];
+    w.gate_up_scales = &t[1];
+    w.down_blocks = &t[2];
+    w.down_scales = &t[3];
+    w.gate_up_bias = &t[4];
+    w.down_bias = &t[5];
+  }
+};
+
+class CApiRoad : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = fs::temp_directory_path() / ("mxmoe-test-c-api-" + std::to_string(::getpid()));
+    fs::remove_all(dir_);
+    fs::create_directories(dir_);
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+  fs::path dir_;
+};
+
+TEST_F(CApiRoad, SyntheticLayerIsTheLibrarysAndVerifies) {
+  const mxmoe_moe_config cfg = gpt_oss_like();
+  layer_buffers b;
+  ASSERT_EQ(mxmoe_synthetic_layer(&cfg, 1, 0, 11, &b.w), MXMOE_OK) << mxmoe_last_error();
+  mxmoe::moe_config c;
+  c.shape = {kE, kH, kI};
+  c.routing = {mxmoe::routing_kind::topk_softmax, 2, false, 1, 1, 1.0f};
+  c.activation.kind = mxmoe::activation_kind::swiglu_clamped;
+  c.gate_up = mxmoe::layout::gate_up_order::interleaved;
+  const mxmoe::synthetic::mxfp4_layer want = mxmoe::synthetic::make_layer(c, {.biases = true}, 11);
+  EXPECT_EQ(b.gub, want.gate_up_blocks);
+  EXPECT_EQ(b.dns, want.down_scales);
+  EXPECT_EQ(b.dn_bias, want.down_bias);
+
+  std::vector<uint16_t> x(5 * kH);
+  std::vector<float> logits(5 * kE), out(5 * kH, -1.0f);
+  const mxmoe_tensor xt = make(x.data(), MXMOE_BF16, {5, kH}), lt = make(logits.data(), MXMOE_F32, {5, kE}),
+                     ot = make(out.data(), MXMOE_F32, {5, kH});
+  ASSERT_EQ(mxmoe_synthetic_inputs(&cfg, &b.w, 5, 3, &xt, &lt), MXMOE_OK) << mxmoe_last_error();
+  mxmoe_moe* layer = nullptr;
+  ASSERT_EQ(mxmoe_moe_prepare(&cfg, &b.w, MXMOE_DEVICE_CPU, 0, &layer), MXMOE_OK) << mxmoe_last_error();
+  ASSERT_EQ(mxmoe_moe_forward(layer, &xt, &lt, nullptr, nullptr, &ot, nullptr, 0, nullptr), MXMOE_OK);
+  double seconds = -1;
+  ASSERT_EQ(mxmoe_moe_forward_timed(layer, &xt, &lt, nullptr, nullptr, &ot, nullptr, 0, nullptr, 3, &seconds),
+            MXMOE_OK);
+  EXPECT_GT(seconds, 0.0);
+  expect_invalid(mxmoe_moe_forward_timed(layer, &xt, &lt, nullptr, nullptr, &ot, nullptr, 0, nullptr, 0, &seconds),
+                 "iterations");
+  mxmoe_moe_free(layer);
+
+  mxmoe_verify_result r{};
+  ASSERT_EQ(mxmoe_verify(&cfg, &b.w, &xt, &lt, nullptr, nullptr, &ot, MXMOE_DEVICE_CPU, MXMOE_REFERENCE_AUTO, &r),
+            MXMOE_OK)
+      << mxmoe_last_error();
+  EXPECT_EQ(r.status, MXMOE_VERIFY_PASSED);
+  EXPECT_EQ(r.reference, MXMOE_REFERENCE_F64);
+  EXPECT_LT(r.rel_l2, 1e-6);
+  EXPECT_EQ(r.tolerance_rel_l2, 1e-4);
+  out[7] += 1.0f;  // one wrong element
+  ASSERT_EQ(mxmoe_verify(&cfg, &b.w, &xt, &lt, nullptr, nullptr, &ot, MXMOE_DEVICE_CPU, MXMOE_REFERENCE_F64, &r),
+            MXMOE_OK);
+  EXPECT_EQ(r.status, MXMOE_VERIFY_FAILED);
+  expect_invalid(mxmoe_verify(&cfg, &b.w, &xt, &lt, nullptr, nullptr, &ot, MXMOE_DEVICE_CPU, MXMOE_REFERENCE_F32, &r),
+                 "reference");
+  expect_invalid(mxmoe_verify(&cfg, &b.w, &xt, &lt, nullptr, nullptr, &ot, MXMOE_DEVICE_CPU, 7, &r), "reference");
+  expect_invalid(mxmoe_verify(&cfg, nullptr, &xt, &lt, nullptr, nullptr, &ot, 0, 1, &r), "weights");
+  expect_invalid(mxmoe_verify(&cfg, &b.w, &xt, &lt, nullptr, nullptr, &ot, 0, 1, nullptr), "result");
+  std::vector<float> ref = out;
+  const mxmoe_tensor rt = make(ref.data(), MXMOE_F32, {5, kH});
+  out[3] = NAN;
+  ASSERT_EQ(mxmoe_compare(&ot, &rt, MXMOE_DEVICE_CUDA, &r), MXMOE_OK);
+  EXPECT_EQ(r.status, MXMOE_VERIFY_NONFINITE_OUTPUT);
+  EXPECT_EQ(r.nonfinite_out, 1);
+  ASSERT_EQ(mxmoe_compare(&rt, &ot, MXMOE_DEVICE_CUDA, &r), MXMOE_OK);
+  EXPECT_EQ(r.status, MXMOE_VERIFY_FAILED);  // a non-finite reference never passes
+  EXPECT_EQ(r.reference, MXMOE_REFERENCE_NONE);
+  EXPECT_EQ(r.tolerance_max_err_rel, 1.5e-2);
+  expect_invalid(mxmoe_compare(&ot, &lt, MXMOE_DEVICE_CPU, &r), "out");
+
+  // Bad output tensors are named and nothing is written.
+  std::vector<uint8_t> small(10, 0xAB);
+  const mxmoe_tensor wrong = make(small.data(), MXMOE_U8, {10});
+  layer_buffers c2;
+  c2.w.gate_up_scales = &wrong;
+  expect_invalid(mxmoe_synthetic_layer(&cfg, 1, 0, 11, &c2.w), "out.gate_up_scales");
+  for (uint8_t v : c2.gub) EXPECT_EQ(v, 0);
+  c2.w.gate_up_scales = &c2.t[1];
+  expect_invalid(mxmoe_synthetic_layer(&cfg, 0, 0, 11, &c2.w), "out.gate_up_bias");  // no biases drawn
+  expect_invalid(mxmoe_synthetic_layer(&cfg, 1, 1, 11, &c2.w), "correction_bias");
+  c2.w.format = MXMOE_WEIGHTS_BF16;
+  expect_invalid(mxmoe_synthetic_layer(&cfg, 1, 0, 11, &c2.w), "out.format");
+  expect_invalid(mxmoe_synthetic_layer(&cfg, 1, 0, 11, nullptr), "out");
+  expect_invalid(mxmoe_synthetic_inputs(&cfg, nullptr, 4, 3, &xt, &lt), "x");  // [5, H] for 4 tokens
+  expect_invalid(mxmoe_synthetic_inputs(&cfg, nullptr, -1, 3, &xt, &lt), "tokens");
+  mxmoe_moe_config bad = cfg;
+  bad.top_k = 9;
+  expect_invalid(mxmoe_moe_config_validate(&bad), "cfg.routing.top_k");
+  EXPECT_EQ(mxmoe_moe_config_validate(&cfg), MXMOE_OK);
+}
+
+TEST(CApi, PresetsAreTheLibrarys) {
+  int32_t n = 0;
+  ASSERT_EQ(mxmoe_preset_count(&n), MXMOE_OK);
+  ASSERT_EQ(static_cast<size_t>(n), mxmoe::model_presets().size());
+  for (int32_t i = 0; i < n; ++i) {
+    const char* name = nullptr;
+    mxmoe_moe_config cfg{};
+    int32_t biases = -1;
+    ASSERT_EQ(mxmoe_preset(i, &name, &cfg, &biases), MXMOE_OK);
+    const mxmoe::model_preset& p = mxmoe::model_presets()[static_cast<size_t>(i)];
+    EXPECT_STREQ(name, p.name);
+    EXPECT_EQ(cfg.experts, p.config.shape.experts);
+    EXPECT_EQ(cfg.top_k, p.config.routing.top_k);
+    EXPECT_EQ(cfg.routing_kind, static_cast<int32_t>(p.config.routing.kind));
+    EXPECT_EQ(cfg.routed_scaling_factor, p.config.routing.routed_scaling_factor);
+    EXPECT_EQ(biases, p.has_biases ? 1 : 0);
+    EXPECT_EQ(mxmoe_moe_config_validate(&cfg), MXMOE_OK);
+  }
+  expect_invalid(mxmoe_preset(n, nullptr, nullptr, nullptr), "index");
+  expect_invalid(mxmoe_preset_count(nullptr), "count");
+}
+
+int32_t count_steps(int64_t done, int64_t total, const char* note, void* data) {
+  auto* steps = static_cast<std::vector<int64_t>*>(data);
+  EXPECT_LE(done, total);
+  EXPECT_NE(note, nullptr);
+  steps->push_back(done);
+  return 0;
+}
+
+int32_t stop_at_two(int64_t done, int64_t, const char*, void*) { return done == 2 ? 1 : 0; }
+
+TEST_F(CApiRoad, CheckpointListReadPrepareConvert) {
+  // An MXFP4 checkpoint of a synthetic layer at decoder layer 2, with its configuration.
+  const mxmoe_moe_config cfg = gpt_oss_like();
+  layer_buffers b;
+  ASSERT_EQ(mxmoe_synthetic_layer(&cfg, 1, 0, 5, &b.w), MXMOE_OK);
+  const std::string prefix = mxmoe::checkpoint::gpt_oss_prefix(2);
+  const auto n = mxmoe::checkpoint::mxfp4_tensor_names(prefix);
+  const auto view = [](const mxmoe_tensor& t) {
+    std::vector<int64_t> shape(t.shape, t.shape + t.ndim);
+    return mxmoe::tensor_view(t.data, static_cast<mxmoe::dtype>(t.dtype), shape);
+  };
+  const std::string path = (dir_ / "mxfp4.safetensors").string();
+  mxmoe::write_safetensors(path,
+                           {{n.gate_up_blocks, view(b.t[0])},
+                            {n.gate_up_scales, view(b.t[1])},
+                            {n.down_blocks, view(b.t[2])},
+                            {n.down_scales, view(b.t[3])},
+                            {prefix + "experts.gate_up_proj_bias", view(b.t[4])},
+                            {prefix + "experts.down_proj_bias", view(b.t[5])}});
+
+  mxmoe_checkpoint* file = nullptr;
+  ASSERT_EQ(mxmoe_checkpoint_open(path.c_str(), &file), MXMOE_OK) << mxmoe_last_error();
+  int64_t count = 0;
+  ASSERT_EQ(mxmoe_checkpoint_layer_count(file, &count), MXMOE_OK);
+  ASSERT_EQ(count, 1);
+  mxmoe_layer_info info{};
+  ASSERT_EQ(mxmoe_checkpoint_layer_info(file, 0, &info), MXMOE_OK);
+  EXPECT_EQ(info.layer, 2);
+  EXPECT_EQ(info.layout, MXMOE_LAYOUT_MXFP4_GPT_OSS);
+  EXPECT_EQ(info.format, MXMOE_WEIGHTS_MXFP4);
+  EXPECT_EQ(info.weight_dtype, MXMOE_U8);
+  EXPECT_EQ(info.gate_up_bias_dtype, MXMOE_BF16);
+  EXPECT_EQ(info.router_weight_dtype, MXMOE_ABSENT);
+  EXPECT_EQ(info.config.experts, kE);
+  EXPECT_EQ(info.config.routing_kind, MXMOE_ROUTING_TOPK_SOFTMAX);  // the gpt-oss family's default
+  EXPECT_EQ(info.config.gate_up_order, MXMOE_GATE_UP_INTERLEAVED);
+  expect_invalid(mxmoe_checkpoint_layer_info(file, 1, &info), "index");
+
+  layer_buffers read;
+  ASSERT_EQ(mxmoe_checkpoint_read_layer(file, 2, &read.w), MXMOE_OK) << mxmoe_last_error();
+  EXPECT_EQ(read.gub, b.gub);
+  EXPECT_EQ(read.dns, b.dns);
+  EXPECT_EQ(read.gu_bias, b.gu_bias);
+  expect_invalid(mxmoe_checkpoint_read_layer(file, 0, &read.w), "layer");
+  mxmoe_tensor router = make(read.gu_bias.data(), MXMOE_BF16, {kE, kH});
+  read.w.router_weight = &router;
+  expect_invalid(mxmoe_checkpoint_read_layer(file, 2, &read.w), "out.router_weight");  // the file has none
+  read.w.router_weight = nullptr;
+  read.w.gate_up_bias = nullptr;  // NULL skips a tensor
+  EXPECT_EQ(mxmoe_checkpoint_read_layer(file, 2, &read.w), MXMOE_OK);
+
+  mxmoe_moe* layer = nullptr;
+  ASSERT_EQ(mxmoe_checkpoint_prepare_layer(file, 2, nullptr, MXMOE_DEVICE_CPU, 0, &layer), MXMOE_OK)
+      << mxmoe_last_error();
+  int64_t bytes = 0;
+  ASSERT_EQ(mxmoe_moe_weight_bytes(layer, &bytes), MXMOE_OK);
+  EXPECT_EQ(bytes, static_cast<int64_t>(b.gub.size() + b.gus.size() + b.dnb.size() + b.dns.size() +
+                                        2 * (b.gu_bias.size() + b.dn_bias.size())));
+  mxmoe_moe_free(layer);
+  mxmoe_moe_config bad = cfg;
+  bad.top_k = 0;
+  expect_invalid(mxmoe_checkpoint_prepare_layer(file, 2, &bad, MXMOE_DEVICE_CPU, 0, &layer), "cfg.routing.top_k");
+  EXPECT_EQ(layer, nullptr);
+  expect_invalid(mxmoe_checkpoint_prepare_layer(file, 2, nullptr, 5, 0, &layer), "device_type");
+  mxmoe_checkpoint_close(file);
+  mxmoe_checkpoint_close(nullptr);
+
+  // Conversion: MXFP4 -> BF16 -> MXFP4, with progress, a report and a cancelled run.
+  const std::string bf16 = (dir_ / "bf16.safetensors").string(), again = (dir_ / "again.safetensors").string();
+  std::vector<int64_t> steps;
+  ASSERT_EQ(mxmoe_dequantize_checkpoint(path.c_str(), bf16.c_str(), 0, count_steps, &steps), MXMOE_OK)
+      << mxmoe_last_error();
+  EXPECT_FALSE(steps.empty());
+  expect_invalid(mxmoe_dequantize_checkpoint(path.c_str(), bf16.c_str(), 0, nullptr, nullptr), "output");
+  mxmoe_quantize_options o{MXMOE_RULE_EVEN, MXMOE_DEVICE_CPU, 0, 0, stop_at_two, nullptr};
+  mxmoe_quantize_report* report = reinterpret_cast<mxmoe_quantize_report*>(1);
+  EXPECT_EQ(mxmoe_quantize_checkpoint(bf16.c_str(), again.c_str(), &o, &report), MXMOE_ERR_CANCELLED);
+  EXPECT_EQ(report, nullptr);
+  EXPECT_FALSE(fs::exists(again));
+  o.progress = nullptr;
+  o.rule = 9;
+  expect_invalid(mxmoe_quantize_checkpoint(bf16.c_str(), again.c_str(), &o, &report), "rule");
+  o.rule = MXMOE_RULE_EVEN;
+  expect_invalid(mxmoe_quantize_checkpoint(path.c_str(), again.c_str(), &o, &report), "IN");  // MXFP4 already
+  expect_invalid(mxmoe_quantize_checkpoint(nullptr, again.c_str(), &o, &report), "in_path");
+  expect_invalid(mxmoe_quantize_checkpoint(bf16.c_str(), again.c_str(), nullptr, &report), "options");
+  ASSERT_EQ(mxmoe_quantize_checkpoint(bf16.c_str(), again.c_str(), &o, &report), MXMOE_OK) << mxmoe_last_error();
+  mxmoe_quantize_summary s{};
+  ASSERT_EQ(mxmoe_quantize_report_summary(report, &s), MXMOE_OK);
+  EXPECT_EQ(s.tensors, 2);
+  EXPECT_EQ(s.total.elements, kE * 3 * kH * kI);
+  EXPECT_EQ(s.copied_tensors, 2);  // the biases
+  mxmoe_tensor_report t{};
+  ASSERT_EQ(mxmoe_quantize_report_tensor(report, 0, &t), MXMOE_OK);
+  EXPECT_STREQ(t.name, n.gate_up_blocks.c_str());
+  ASSERT_EQ(t.ndim, 4);
+  EXPECT_EQ(t.shape[1], 2 * kI);
+  EXPECT_EQ(t.stats.elements, kE * 2 * kI * kH);
+  expect_invalid(mxmoe_quantize_report_tensor(report, 2, &t), "index");
+  mxmoe_quantize_report_free(report);
+  mxmoe_quantize_report_free(nullptr);
+
+  // Files that are not there, or not safetensors.
+  mxmoe_checkpoint* none = reinterpret_cast<mxmoe_checkpoint*>(1);
+  EXPECT_EQ(mxmoe_checkpoint_open((dir_ / "absent").c_str(), &none), MXMOE_ERR_IO);
+  EXPECT_EQ(mxmoe_last_error_code(), ENOENT);
+  EXPECT_EQ(none, nullptr);
+  const std::string garbage = (dir_ / "garbage").string();
+  { std::FILE* f = std::fopen(garbage.c_str(), "wb"); std::fputs("not a safetensors file at all", f); std::fclose(f); }
+  EXPECT_EQ(mxmoe_checkpoint_open(garbage.c_str(), &none), MXMOE_ERR_FORMAT);
+  EXPECT_EQ(mxmoe_last_error_code(), 0);
+  expect_invalid(mxmoe_checkpoint_open("", &none), "path");
+  expect_invalid(mxmoe_checkpoint_layer_count(nullptr, &count), "file");
 }
 
 }  // namespace

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "cuda_ok.h"
+#include "moe_case.h"
 #include "mxmoe/cuda.h"
 #include "mxmoe/dtype.h"
 #include "mxmoe/error.h"
@@ -25,190 +26,22 @@
 namespace mxmoe {
 namespace {
 
-// Weights: the synthetic MXFP4 layer (include/mxmoe/synthetic.h): every code (6.0 included) and
-// scales around 1/(2.93 sqrt(K)); biases when asked, a correction bias for grouped routing.
-using host_moe = synthetic::mxfp4_layer;
-host_moe make_moe(const moe_config& cfg, bool biases, std::mt19937& rng) {
-  return synthetic::make_layer(cfg, {.biases = biases, .correction_bias = cfg.routing.kind == routing_kind::sigmoid_grouped_topk},
-                               rng());
-}
-
-std::vector<uint16_t> random_bf16(size_t n, float sigma, std::mt19937& rng) {
-  std::normal_distribution<float> nd(0.0f, sigma);
-  std::vector<uint16_t> v(n);
-  for (auto& x : v) x = float_to_bf16(nd(rng));
-  return v;
-}
-
-template <class T>
-cuda::device_buffer to_device(const std::vector<T>& v) {
-  cuda::device_buffer b(std::max<size_t>(16, v.size() * sizeof(T)));
-  if (!v.empty()) b.upload(v.data(), v.size() * sizeof(T));
-  return b;
-}
-
-struct error_stats {
-  double rel_l2 = 0, max_err = 0, max_ref = 0;
-  int64_t nonfinite = 0;
-};
-
-error_stats compare(const std::vector<uint16_t>& gpu, const std::vector<float>& ref) {
-  error_stats s;
-  double num = 0, den = 0;
-  for (size_t i = 0; i < ref.size(); ++i) {
-    const double g = bf16_to_float(gpu[i]), r = ref[i];
-    if (!std::isfinite(g)) ++s.nonfinite;
-    num += (g - r) * (g - r);
-    den += r * r;
-    s.max_err = std::max(s.max_err, std::fabs(g - r));
-    s.max_ref = std::max(s.max_ref, std::fabs(r));
-  }
-  s.rel_l2 = den > 0 ? std::sqrt(num / den) : std::sqrt(num);
-  return s;
-}
-
-// rel_l2_bound: the documented layer tolerance, which assumes the output's norm is spread over many
-// elements (each of the three bf16 roundings then contributes ~2^-9/sqrt(3)); see kDominantElementsRelL2.
-void expect_close(const std::vector<uint16_t>& gpu, const std::vector<float>& ref, const std::string& what,
-                  double rel_l2_bound = cuda::kForwardRelL2Tolerance) {
-  const error_stats s = compare(gpu, ref);
-  EXPECT_EQ(s.nonfinite, 0) << what;
-  EXPECT_LE(s.rel_l2, rel_l2_bound) << what << " max_err " << s.max_err << " max_ref " << s.max_ref;
-  EXPECT_LE(s.max_err, cuda::kForwardMaxErrTolerance * s.max_ref) << what << " rel_l2 " << s.rel_l2;
-  std::printf("  %-40s rel_l2 %.2e  max_err/max_ref %.2e\n", what.c_str(), s.rel_l2,
-              s.max_ref > 0 ? s.max_err / s.max_ref : 0.0);
-  EXPECT_GT(s.max_ref, 0.0) << what << ": the reference is all zeros, the test would prove nothing";
-}
-
-// The float64 reference of a call routed by f32 logits [T, E], x bf16 [T, H].
-std::vector<float> reference_by_logits(const std::vector<uint16_t>& x, const std::vector<float>& logits,
-                                       const moe_weights& w, const moe_config& cfg, int64_t T) {
-  const int64_t H = cfg.shape.hidden, E = cfg.shape.experts;
-  routing_input hr;
-  hr.logits = tensor_view(logits.data(), dtype::f32, {T, E});
-  std::vector<float> ref(static_cast<size_t>(T * H));
-  cpu::moe_forward(tensor_view(x.data(), dtype::bf16, {T, H}), hr, w, cfg,
-                   tensor_view(ref.data(), dtype::f32, {T, H}), cpu::precision::f64);
-  return ref;
-}
-
-enum class routing_mode { logits_f32, logits_bf16, precomputed };
-
-struct run_result {
-  std::vector<uint16_t> out;
-  std::vector<float> ref;
-};
-
-// Runs the layer twice (bitwise-equal outputs required) with 0xFF-filled output and workspace,
-// and the reference once.
-run_result run_case(const host_moe& m, int64_t T, routing_mode mode, std::mt19937& rng,
-                    cpu::precision prec = cpu::precision::f64, const std::vector<int32_t>* fixed_ids = nullptr) {
-  const moe_config& c = m.cfg;
-  const int64_t E = c.shape.experts, H = c.shape.hidden;
-  const int k = c.routing.top_k;
-  const std::vector<uint16_t> x = random_bf16(static_cast<size_t>(T * H), 1.0f, rng);
-  std::normal_distribution<float> nd(0.0f, 2.0f);
-  std::vector<float> logits(static_cast<size_t>(T * E));
-  for (auto& l : logits) l = nd(rng);
-  std::vector<uint16_t> logits_bf16(logits.size());
-  for (size_t i = 0; i < logits.size(); ++i) {
-    logits_bf16[i] = float_to_bf16(logits[i]);
-    if (mode == routing_mode::logits_bf16) logits[i] = bf16_to_float(logits_bf16[i]);
-  }
-  std::vector<int32_t> ids(static_cast<size_t>(T * k));
-  std::vector<float> wts(ids.size());
-  if (mode == routing_mode::precomputed) {
-    std::uniform_real_distribution<float> u(0.1f, 1.0f);
-    for (int64_t t = 0; t < T; ++t)
-      for (int j = 0; j < k; ++j) {
-        const size_t p = static_cast<size_t>(t * k + j);
-        ids[p] = fixed_ids ? (*fixed_ids)[p] : static_cast<int32_t>((t * 7 + j * 13) % E);
-        wts[p] = u(rng);
-      }
-  }
-
-  const moe_weights w = m.weights();
-  cuda::moe_layer layer(w, c);
-  cuda::device_buffer dx = to_device(x), dlog = to_device(logits), dlog16 = to_device(logits_bf16), dids = to_device(ids),
-                      dw = to_device(wts);
-  cuda::device_buffer dout(static_cast<size_t>(std::max<int64_t>(1, T * H)) * 2);
-  cuda::device_buffer ws(layer.workspace_bytes(T));
-  routing_input ri;
-  if (mode == routing_mode::logits_f32) ri.logits = dlog.view(dtype::f32, {T, E});
-  if (mode == routing_mode::logits_bf16) ri.logits = dlog16.view(dtype::bf16, {T, E});
-  if (mode == routing_mode::precomputed) {
-    ri.ids = dids.view(dtype::i32, {T, k});
-    ri.weights = dw.view(dtype::f32, {T, k});
-  }
-  run_result r;
-  std::vector<uint16_t> second(static_cast<size_t>(T * H));
-  for (int rep = 0; rep < 2; ++rep) {
-    dout.fill(0xFF);
-    ws.fill(0xFF);
-    layer.forward(dx.view(dtype::bf16, {T, H}), ri, dout.view(dtype::bf16, {T, H}), ws.data(), ws.size());
-    cuda::synchronize();
-    std::vector<uint16_t>& dst = rep == 0 ? r.out : second;
-    dst.resize(static_cast<size_t>(T * H));
-    if (T) dout.download(dst.data(), dst.size() * 2);
-  }
-  EXPECT_EQ(std::memcmp(r.out.data(), second.data(), r.out.size() * 2), 0) << "two identical calls differ";
-  EXPECT_EQ(layer.read_error_flags(ws.data(), ws.size()), 0u);
-
-  routing_input hr;
-  if (mode == routing_mode::logits_f32) hr.logits = tensor_view(logits.data(), dtype::f32, {T, E});
-  if (mode == routing_mode::logits_bf16) hr.logits = tensor_view(logits_bf16.data(), dtype::bf16, {T, E});
-  if (mode == routing_mode::precomputed) {
-    hr.ids = tensor_view(ids.data(), dtype::i32, {T, k});
-    hr.weights = tensor_view(wts.data(), dtype::f32, {T, k});
-  }
-  r.ref.resize(static_cast<size_t>(T * H));
-  cpu::moe_forward(tensor_view(x.data(), dtype::bf16, {T, H}), hr, w, c, tensor_view(r.ref.data(), dtype::f32, {T, H}),
-                   prec);
-  return r;
-}
-
-moe_config make_cfg(int64_t E, int64_t H, int64_t I, int k, routing_kind rk, activation_kind act,
-                    layout::gate_up_order order) {
-  moe_config c;
-  c.shape = {E, H, I};
-  c.routing.kind = rk;
-  c.routing.top_k = k;
-  c.routing.renormalize = rk != routing_kind::topk_softmax;
-  c.activation.kind = act;
-  c.gate_up = order;
-  return c;
-}
+using namespace test;  // tests/gpu/moe_case.h
 
 // ---- cases -----------------------------------------------------------------------------
-
-struct shape_case {
-  const char* name;
-  int64_t E, H, I;
-  int k;
-  routing_kind routing;
-  activation_kind act;
-  layout::gate_up_order order;
-  bool biases;
-  std::vector<int64_t> tokens;
-};
 
 class GpuMoe : public testing::TestWithParam<shape_case> {};
 
 TEST_P(GpuMoe, MatchesReferenceAtEveryTileResidue) {
   const shape_case& sc = GetParam();
   std::mt19937 rng(1234);
-  moe_config cfg = make_cfg(sc.E, sc.H, sc.I, sc.k, sc.routing, sc.act, sc.order);
+  moe_config cfg = config_of(sc);
   if (sc.routing == routing_kind::sigmoid_grouped_topk) {
     cfg.routing.n_group = sc.E >= 16 ? 8 : 1;
     cfg.routing.topk_group = sc.E >= 16 ? 4 : 1;
     cfg.routing.routed_scaling_factor = 2.5f;
   }
-  const host_moe m = make_moe(cfg, sc.biases, rng);
-  for (int64_t T : sc.tokens) {
-    const bool big = T * sc.H * sc.I > (int64_t{1} << 28);
-    const run_result r = run_case(m, T, routing_mode::logits_f32, rng, big ? cpu::precision::f32 : cpu::precision::f64);
-    expect_close(r.out, r.ref, std::string(sc.name) + " T=" + std::to_string(T));
-  }
+  expect_shape_matches(sc, cfg, rng);
 }
 
 // K = H or I is 32 mod 64 in several cases (the last K-step half empty); 2I and H are not
@@ -389,42 +222,10 @@ TEST(GpuMoeGraph, CapturedForwardReplaysWithNewInputs) {
   const moe_config cfg = make_cfg(16, 352, 224, 4, routing_kind::topk_softmax, activation_kind::swiglu_clamped,
                                   layout::gate_up_order::interleaved);
   const host_moe m = make_moe(cfg, true, rng);
-  const int64_t H = 352, E = 16;
   const moe_weights w = m.weights();
-  cuda::moe_layer layer(w, cfg);
-  cudaStream_t stream;
-  CUDA_OK(cudaStreamCreate(&stream));
+  const cuda::moe_layer layer(w, cfg);
   // T = 1 and 8: the plan kernel routes, decode tiles of 8; T = 37: route + plan, tiles of 32.
-  for (const int64_t T : {1, 8, 37}) {
-    cuda::device_buffer dx(T * H * 2), dlog(T * E * 4), dout(T * H * 2), ws(layer.workspace_bytes(T));
-    ws.fill(0xFF);
-    routing_input ri;
-    ri.logits = dlog.view(dtype::f32, {T, E});
-    cudaGraph_t graph;
-    CUDA_OK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
-    layer.forward(dx.view(dtype::bf16, {T, H}), ri, dout.view(dtype::bf16, {T, H}), ws.data(), ws.size(), stream);
-    CUDA_OK(cudaStreamEndCapture(stream, &graph));
-    cudaGraphExec_t exec;
-    CUDA_OK(cudaGraphInstantiate(&exec, graph, 0));
-    for (int rep = 0; rep < 3; ++rep) {  // new inputs each replay, copied into the captured buffers
-      const std::vector<uint16_t> x = random_bf16(static_cast<size_t>(T * H), 1.0f, rng);
-      std::vector<float> logits(static_cast<size_t>(T * E));
-      std::normal_distribution<float> nd(0.0f, 2.0f);
-      for (auto& l : logits) l = nd(rng);
-      dx.upload(x.data(), x.size() * 2);
-      dlog.upload(logits.data(), logits.size() * 4);
-      dout.fill(0xFF);
-      CUDA_OK(cudaGraphLaunch(exec, stream));
-      CUDA_OK(cudaStreamSynchronize(stream));
-      std::vector<uint16_t> out(static_cast<size_t>(T * H));
-      dout.download(out.data(), out.size() * 2);
-      expect_close(out, reference_by_logits(x, logits, w, cfg, T), "graph replay T=" + std::to_string(T) + " " +
-                                                                         std::to_string(rep));
-    }
-    cudaGraphExecDestroy(exec);
-    cudaGraphDestroy(graph);
-  }
-  cudaStreamDestroy(stream);
+  expect_graph_replays(layer, w, {1, 8, 37}, rng);
 }
 
 // Forwards enqueued back to back on one stream with one workspace: each kernel is a programmatic

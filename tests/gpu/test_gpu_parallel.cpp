@@ -31,6 +31,7 @@
 #include <vector>
 
 #include "cuda_ok.h"
+#include "moe_case.h"
 #include "mxmoe/cuda.h"
 #include "mxmoe/dtype.h"
 #include "mxmoe/forward.h"
@@ -43,21 +44,11 @@
 namespace mxmoe {
 namespace {
 
-moe_config make_cfg(int64_t E, int64_t H, int64_t I, int k, activation_kind act, layout::gate_up_order order) {
-  moe_config c;
-  c.shape = {E, H, I};
-  c.routing.kind = routing_kind::softmax_topk;
-  c.routing.top_k = k;
-  c.activation.kind = act;
-  c.gate_up = order;
-  return c;
-}
+using test::to_device;
 
-template <class T>
-cuda::device_buffer to_device(const std::vector<T>& v) {
-  cuda::device_buffer b(std::max<size_t>(16, v.size() * sizeof(T)));
-  if (!v.empty()) b.upload(v.data(), v.size() * sizeof(T));
-  return b;
+// Softmax top-k routing (renormalized): the parallel layers do not depend on the routing kind.
+moe_config make_cfg(int64_t E, int64_t H, int64_t I, int k, activation_kind act, layout::gate_up_order order) {
+  return test::make_cfg(E, H, I, k, routing_kind::softmax_topk, act, order);
 }
 
 std::vector<uint16_t> download_bf16(const cuda::device_buffer& b, int64_t n) {

@@ -9,6 +9,7 @@
 //                           Up to kPlanMaxPairs pairs: [route] + plan (one CTA, no memset);
 //                           more: memset, route / import (counts[e], pos[p] by atomics),
 //                           schedule, scatter (routing.cu).
+//   (prefill path: gather -> ybuf as [sorted position, H] = x[sorted[s] / k], GEMM1's B rows)
 //   GEMM1 (+act)        -> act[s, I] bf16 for sorted position s
 //   GEMM2 (*w, +b2)     -> ybuf[p, H] bf16 (routing weight applied)
 //   combine             -> out[t, H] = sum_j ybuf[t*k + j]   (fixed order: deterministic)
@@ -64,7 +65,11 @@ enum class epilogue_kind : int { gate_up_activation, weighted_down };
 //   mid, large: gemm.cuh (wgmma, 64 / 128 tokens).
 //   legacy_decode: gemm.cuh's mma.sync tile of 16 tokens (the decode path before gemm_decode.cuh;
 //           kept selectable, see docs/moe_layer.md).
-enum class gemm_config : int { decode, mid, large, legacy_decode };
+//   prefill_narrow, prefill_wide: gemm_prefill.cuh (persistent, warp-specialized, TMA rings,
+//           wgmma N per tile; up to 64 / 176 tokens); experimental, selected only by
+//           MXMOE_MOE_PATH=prefill (docs/moe_layer.md). Their B rows are contiguous in sorted
+//           order (row s = sorted position s): GEMM1 reads x gathered by launch_gather_sorted_rows.
+enum class gemm_config : int { decode, mid, large, legacy_decode, prefill_narrow, prefill_wide };
 int gemm_tokens_per_tile(gemm_config c);  // BN (for decode: the largest, 32)
 
 // How one GEMM launch runs.
@@ -76,16 +81,25 @@ struct gemm_launch {
   bool early_weights = false;  // decode: start copying weights before waiting for the previous kernel
                                // (the tile list was written two kernels back: GEMM2)
   bool dependent = true;       // programmatic dependent launch
+  int64_t experts = 0;         // prefill: experts in the weights, and
+  int64_t b_row_count = 0;     // the rows of b_rows (T·k): the extents of the kernel's tensor maps
 };
 
 // Raises the kernels' shared-memory limit; call once before launching (not while capturing).
 void prepare_gemm_kernels();
+// The same for the prefill GEMMs, and looks the driver's tensor-map encoder up; only where they run.
+void prepare_prefill_kernels();
 void launch_gemm(const gemm_launch& l, const gemm_weights& w, const uint16_t* b_rows, const moe_workspace& ws,
                  int top_k, epilogue_kind ep, const activation_config& act, cudaStream_t stream);
 // Decode GEMM CTAs resident per SM (for the host's choice of k_groups).
 int decode_ctas_per_sm();
 // Warps per decode CTA; a CTA covers 16 * kDecodeWarps / k_groups weight rows.
 inline constexpr int kDecodeWarps = 8;
+
+// rows[s, :] = x[sorted[s] / top_k, :] for the valid sorted positions (gather_rows.cu): GEMM1's
+// B rows for the prefill GEMMs. A programmatic dependent launch.
+void launch_gather_sorted_rows(const uint16_t* x, int64_t pairs, int top_k, int64_t hidden, int64_t experts,
+                               const moe_workspace& ws, uint16_t* rows, cudaStream_t stream);
 
 // ---- routing ----
 inline constexpr int64_t kPlanMaxPairs = 8192;   // pairs the one-CTA plan handles (rank < 2^16)

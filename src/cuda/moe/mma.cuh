@@ -11,6 +11,7 @@
 
 #include <cute/arch/copy_sm80.hpp>
 #include <cute/arch/mma_sm90_gmma.hpp>
+#include <cute/arch/mma_sm90_gmma_ext.hpp>
 
 namespace mxmoe::cuda::sm90::detail {
 
@@ -47,16 +48,29 @@ __device__ __forceinline__ uint64_t sw128_desc(const void* smem) {
          (uint64_t{1} << 62);
 }
 
+// wgmma m64nNk16 (bf16 in, f32 accumulators, A from registers) for every N the GEMMs issue:
+// 64 and 128 (the fixed tiles of gemm.cuh) and every multiple of 16 up to 176 (the per-tile
+// widths of gemm_prefill.cuh).
 template <int BN>
 struct wgmma_rs;
-template <>
-struct wgmma_rs<64> {
-  using op = cute::SM90::GMMA::MMA_64x64x16_F32BF16BF16_RS<cute::SM90::GMMA::Major::K, cute::SM90::GMMA::Major::K>;
-};
-template <>
-struct wgmma_rs<128> {
-  using op = cute::SM90::GMMA::MMA_64x128x16_F32BF16BF16_RS<cute::SM90::GMMA::Major::K, cute::SM90::GMMA::Major::K>;
-};
+#define MXMOE_WGMMA_RS(N)                                                                        \
+  template <>                                                                                    \
+  struct wgmma_rs<N> {                                                                           \
+    using op = cute::SM90::GMMA::MMA_64x##N##x16_F32BF16BF16_RS<cute::SM90::GMMA::Major::K,      \
+                                                                cute::SM90::GMMA::Major::K>;     \
+  };
+MXMOE_WGMMA_RS(16)
+MXMOE_WGMMA_RS(32)
+MXMOE_WGMMA_RS(48)
+MXMOE_WGMMA_RS(64)
+MXMOE_WGMMA_RS(80)
+MXMOE_WGMMA_RS(96)
+MXMOE_WGMMA_RS(112)
+MXMOE_WGMMA_RS(128)
+MXMOE_WGMMA_RS(144)
+MXMOE_WGMMA_RS(160)
+MXMOE_WGMMA_RS(176)
+#undef MXMOE_WGMMA_RS
 
 template <int BN, size_t... I>
 __device__ __forceinline__ void wgmma_call(const uint32_t (&a)[4], uint64_t desc, float* d, std::index_sequence<I...>) {

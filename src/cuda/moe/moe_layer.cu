@@ -22,24 +22,36 @@ using sm90::gemm_config;
 constexpr size_t kAlign = 256;
 size_t align_up(size_t v) { return (v + kAlign - 1) / kAlign * kAlign; }
 
-// MXMOE_MOE_PATH=legacy selects the launch sequence before the decode GEMM and the one-CTA plan
-// (memset, four routing kernels, gemm.cuh's 16-token mma.sync tile, plain launches): for A/B
-// measurements and as a fallback. Read once per layer.
-bool legacy_path_requested() {
+// The launch sequence, from MXMOE_MOE_PATH (read once per layer, when it is constructed):
+//   unset or "default": pick_config's tiles below;
+//   "legacy": the sequence before the decode GEMM and the one-CTA plan (memset, four routing
+//     kernels, gemm.cuh's 16-token mma.sync tile, plain launches): for A/B measurements and as a
+//     fallback;
+//   "prefill": experimental: the persistent warp-specialized GEMMs of gemm_prefill.cuh wherever
+//     the default runs gemm.cuh's wgmma tiles (x gathered into sorted order first). Slower than
+//     those at every shape measured so far (docs/performance.md, "2026-12-01"): for A/B
+//     measurements and the work on that kernel; its tests set it.
+enum class moe_path { standard, legacy, prefill };
+
+moe_path requested_path() {
   const char* v = std::getenv("MXMOE_MOE_PATH");
-  if (v == nullptr || *v == '\0') return false;
+  if (v == nullptr || *v == '\0') return moe_path::standard;
   const std::string s(v);
-  MXMOE_CHECK_ARG(s == "legacy" || s == "default", "MXMOE_MOE_PATH", "unset, 'default' or 'legacy'", s);
-  return s == "legacy";
+  MXMOE_CHECK_ARG(s == "default" || s == "legacy" || s == "prefill", "MXMOE_MOE_PATH",
+                  "unset, 'default', 'legacy' or 'prefill'", s);
+  return s == "legacy" ? moe_path::legacy : s == "prefill" ? moe_path::prefill : moe_path::standard;
 }
 
 // The tile shape of both GEMMs, from the tokens per touched expert if routing were uniform
 // (host-known: no sync). The one place that chooses; a new kernel is hooked in here.
-gemm_config pick_config(int64_t tokens, int top_k, int64_t experts, bool legacy) {
+gemm_config pick_config(int64_t tokens, int top_k, int64_t experts, moe_path path) {
   const int64_t pairs = tokens * top_k;
   const int64_t per_expert = pairs / std::max<int64_t>(1, std::min(experts, pairs));
-  if (legacy) return per_expert <= 16 ? gemm_config::legacy_decode : per_expert <= 64 ? gemm_config::mid : gemm_config::large;
+  if (path == moe_path::legacy)
+    return per_expert <= 16 ? gemm_config::legacy_decode : per_expert <= 64 ? gemm_config::mid : gemm_config::large;
   if (pairs <= sm90::kPlanMaxPairs && per_expert <= 20) return gemm_config::decode;
+  // The prefill GEMMs' narrow tiles (64 pairs, deep weight ring) where experts get few pairs.
+  if (path == moe_path::prefill) return per_expert <= 48 ? gemm_config::prefill_narrow : gemm_config::prefill_wide;
   if (per_expert <= 64) return gemm_config::mid;
   return gemm_config::large;
 }
@@ -135,7 +147,7 @@ struct moe_layer::impl {
   layout::sm90_fragment frag13, frag2;
   device_buffer codes13, scales13, codes2, scales2, bias13, bias2, correction;
   device_buffer expert_map;  // i32 [E] (moe.h); empty for a layer holding every expert
-  bool legacy = false;
+  moe_path path = moe_path::standard;
   int64_t decode_resident_warps = 0;  // decode GEMM warps resident at once on the device
 };
 
@@ -150,8 +162,9 @@ moe_layer::moe_layer(const moe_weights& w, const moe_config& cfg, const std::vec
                 I = cfg.shape.intermediate;
   impl& m = *impl_;
   m.cfg = cfg;
-  m.legacy = legacy_path_requested();
+  m.path = requested_path();
   sm90::prepare_gemm_kernels();
+  if (m.path == moe_path::prefill) sm90::prepare_prefill_kernels();
   sm90::prepare_plan_kernel();
   int sms = 0;
   MXMOE_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, current_device()));
@@ -271,13 +284,15 @@ void moe_layer::forward(const tensor_view& x, const routing_input& routing, cons
   cudaStream_t stream = static_cast<cudaStream_t>(stream_ptr);
   const sm90::moe_workspace ws = plan.bind(workspace);
   const int64_t pairs = T * k;
-  const gemm_config gc = pick_config(T, k, E, m.legacy);
+  const bool legacy = m.path == moe_path::legacy;
+  const gemm_config gc = pick_config(T, k, E, m.path);
   const bool decode = gc == gemm_config::decode;
+  const bool prefill = gc == gemm_config::prefill_narrow || gc == gemm_config::prefill_wide;
   const int bn = decode ? decode_tokens_per_tile(T) : sm90::gemm_tokens_per_tile(gc);
   const int64_t tiles = max_tiles(pairs, E, bn);
   const int32_t* expert_map = static_cast<const int32_t*>(m.expert_map.data());
 
-  if (!m.legacy && pairs <= sm90::kPlanMaxPairs) {  // routing bookkeeping by the one-CTA plan
+  if (!legacy && pairs <= sm90::kPlanMaxPairs) {  // routing bookkeeping by the one-CTA plan
     sm90::plan_args a;
     a.r = c.routing;
     a.tokens = static_cast<int>(T);
@@ -324,7 +339,9 @@ void moe_layer::forward(const tensor_view& x, const routing_input& routing, cons
   g1.config = gc;
   g1.tokens_per_tile = bn;
   g1.max_tiles = tiles;
-  g1.dependent = !m.legacy;
+  g1.dependent = !legacy;
+  g1.experts = E;
+  g1.b_row_count = pairs;
   sm90::gemm_launch g2 = g1;
   if (decode) {
     const int64_t est_tiles = std::min(E, pairs);
@@ -332,10 +349,14 @@ void moe_layer::forward(const tensor_view& x, const routing_input& routing, cons
     g2.k_groups = decode_k_groups(bn, est_tiles, H, I, m.decode_resident_warps);
     g2.early_weights = true;  // its tile list was written by the plan, before GEMM1
   }
-  sm90::launch_gemm(g1, w13, x.as<const uint16_t>(), ws, k, sm90::epilogue_kind::gate_up_activation, c.activation,
-                    stream);
+  const uint16_t* b1 = x.as<const uint16_t>();
+  if (prefill) {  // GEMM1's rows gathered in sorted order into ybuf, which GEMM2 then overwrites
+    sm90::launch_gather_sorted_rows(b1, pairs, k, H, E, ws, ws.ybuf, stream);
+    b1 = ws.ybuf;
+  }
+  sm90::launch_gemm(g1, w13, b1, ws, k, sm90::epilogue_kind::gate_up_activation, c.activation, stream);
   sm90::launch_gemm(g2, w2, ws.act, ws, k, sm90::epilogue_kind::weighted_down, c.activation, stream);
-  sm90::launch_combine(T, k, H, ws, out.as<uint16_t>(), !m.legacy, stream);
+  sm90::launch_combine(T, k, H, ws, out.as<uint16_t>(), !legacy, stream);
 }
 
 }  // namespace mxmoe::cuda

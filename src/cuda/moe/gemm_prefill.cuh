@@ -1,0 +1,397 @@
+// moe/gemm_prefill.cuh — the persistent, warp-specialized W4A16 expert GEMM of the MoE layer for
+// prefill and the 512–2048-token transition (both GEMMs), sm_90a.
+//
+// C[rows, tokens] = W_e[rows, K] · B[tokens, K]ᵀ per work item (prefill_schedule.cuh): one
+// scheduled tile of expert e (count <= NMAX expert-sorted pairs) times 128 weight rows. B rows
+// are contiguous in sorted order (GEMM1: x gathered by gather_rows.cu; GEMM2: act), so the
+// tensor-memory-access engine (TMA) loads them.
+//
+// One CTA per SM, 10 warps, no CTA-wide barrier after set-up:
+//   warp 8, one lane — weights: per stage 4 K-steps (256 k) of the block's 8 fragment row tiles
+//     (layout::sm90_fragment, [N/16][K/64] tiles of 512 code + 32 scale bytes), two TMA loads
+//     (codes, scales) through 3-D tensor maps over [experts x row tiles][K/64][tile], into a ring
+//     of A_STAGES slots;
+//   warp 9, one lane — activations: per K-step one TMA box of 16·ceil(count/16) rows x 64 k
+//     (one tensor map per width), 128-byte swizzled (chunk c of row r at c ^ (r % 8): what the
+//     wgmma descriptor reads), into a ring of B_STAGES slots; rows past the tensor and the K tail
+//     arrive as zeros;
+//   warps 0-7 — two consumer warpgroups of 64 weight rows (warp q of warpgroup h owns row tile
+//     4h + q). Per K-step a warp turns its 16-byte fragment share and 4 scale bytes into bf16 A
+//     registers (dequant.cuh) and its warpgroup issues four wgmma m64nNk16 with A from registers.
+//     The A registers are double-buffered: the conversion for step s+1 runs while the tensor
+//     cores work on step s (wgmma.wait_group 1). A weight slot is released as soon as its bytes
+//     are in registers; an activation slot when the wgmmas that read it completed.
+// Few, large copies (1.5 per K-step): the first version, with ~20 small ones per K-step (16-row
+// activation boxes, one bulk copy per fragment row tile), ran at ~100-125 cycles per copy
+// instruction whatever its size (docs/performance.md, "2026-12-01").
+// N = 16·ceil(count/16) per tile (the K-step picks the wgmma instruction): a tile of 18 pairs
+// costs a 32-wide product, not an NMAX-wide one; NMAX sets the ring slot and the accumulators
+// (NMAX/2 floats per thread). fp32 accumulation over the whole K, one CTA per output: deterministic.
+// Epilogues: prefill_epilogue.cuh (activation fused in GEMM1, routing weight in GEMM2).
+//
+// Limits (launchers check): K a multiple of 32, rows a multiple of 16 (layout::sm90_fragment),
+// B rows and weights 16-byte aligned, at least one B row; tiles as routing.cu's schedule writes
+// them with tokens_per_tile = NMAX. Two instantiations (one translation unit each):
+// prefill_narrow_tile for up to 48 pairs per expert (weight streaming: deep weight ring),
+// prefill_wide_tile above.
+// A programmatic dependent launch (pdl.cuh): every CTA waits for the previous kernel after
+// initialising its barriers, before any global memory access.
+// Experimental: run only with MXMOE_MOE_PATH=prefill (moe_layer.cu's pick_config, where the
+// default runs gemm.cuh's wgmma tiles), which it is slower than so far (docs/performance.md,
+// "2026-12-01"). Tests: tests/gpu/test_gpu_moe_prefill.cpp (they set the switch); timing:
+// MXMOE_MOE_PATH=prefill bench_moe.
+#pragma once
+
+#include <cuda.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <utility>
+
+#include <cute/arch/copy_sm90_desc.hpp>
+#include <cute/arch/mma_sm90_gmma.hpp>
+
+#include "mxmoe/layout.h"
+
+#include "dequant.cuh"
+#include "kernels.h"
+#include "mma.cuh"
+#include "pdl.cuh"
+#include "prefill_epilogue.cuh"
+#include "prefill_pipeline.cuh"
+#include "prefill_schedule.cuh"
+
+namespace mxmoe::cuda::sm90 {
+
+// Columns of an activation box (prefill_launch.cu encodes the maps, the kernel loads them): one
+// K-step of bf16, a 128-byte swizzle row.
+inline constexpr int kPrefillBoxCols = 64;
+
+template <int NMAX_, int A_STAGES_, int B_STAGES_>
+struct prefill_tile {
+  static constexpr int ROW_TILES = 8;  // 16-row fragment tiles per CTA: 128 weight rows
+  static constexpr int NMAX = NMAX_;   // pairs per scheduled tile
+  static constexpr int N_STEP = 16;    // granularity of the per-tile wgmma N
+  static constexpr int WIDTHS = NMAX / N_STEP;
+  static constexpr int A_STAGES = A_STAGES_, B_STAGES = B_STAGES_;
+  static constexpr int A_KSTEPS = 4;  // K-steps per weight stage
+  static constexpr int TILE_CODES = layout::sm90_fragment::kTileBytes;
+  static constexpr int TILE_SCALES = layout::sm90_fragment::kTileScaleBytes;
+  // Weight stage: codes [ROW_TILES][A_KSTEPS][512], then scales [ROW_TILES][A_KSTEPS][32] (the
+  // tensor maps' boxes, innermost last).
+  static constexpr int A_CODE_BYTES = ROW_TILES * A_KSTEPS * TILE_CODES;
+  static constexpr int A_STAGE_BYTES = A_CODE_BYTES + ROW_TILES * A_KSTEPS * TILE_SCALES;
+  static constexpr int B_ROW_BYTES = kPrefillBoxCols * 2;
+  static constexpr int B_STAGE_BYTES = NMAX * B_ROW_BYTES;
+  // 10 warps: two of the four schedulers hold three, so at most 168 registers per thread.
+  static constexpr int CONSUMER_WARPS = 8, WEIGHT_WARP = 8, ACTIVATION_WARP = 9, THREADS = 320;
+  // Shared memory, from a 1024-byte aligned base: [B slots][A slots][barriers].
+  static constexpr int A_OFFSET = B_STAGES * B_STAGE_BYTES;
+  static constexpr int BAR_OFFSET = A_OFFSET + A_STAGES * A_STAGE_BYTES;
+  static constexpr int SMEM_BYTES = 1024 + BAR_OFFSET + 2 * (A_STAGES + B_STAGES) * 8;
+  static_assert(NMAX % N_STEP == 0 && NMAX <= 176, "per-tile wgmma widths: multiples of 16 up to 176 (mma.cuh)");
+  static_assert(B_STAGE_BYTES % 1024 == 0,
+                "B slots stay 1024-byte aligned: the swizzle is a function of address bits 4..9");
+  static_assert(A_STAGE_BYTES % 128 == 0, "TMA destinations are 128-byte aligned");
+  static_assert(SMEM_BYTES <= 232448, "sm_90 dynamic shared memory per block");
+};
+
+// The two instantiations (one per translation unit); rings sized to fill the 227 KB.
+using prefill_narrow_tile = prefill_tile<64, 9, 8>;  // 8..48 pairs per expert: weight streaming
+using prefill_wide_tile = prefill_tile<176, 6, 5>;   // more: tensor-core bound (176: 167 of 168 registers)
+
+// The kernel's tensor maps (prefill_launch.cu encodes them for every launch).
+template <int WIDTHS>
+struct prefill_maps {
+  CUtensorMap codes;          // u32 [experts * row tiles][K/64][128], box {128, A_KSTEPS, ROW_TILES}
+  CUtensorMap scales;         // u32 [experts * row tiles][K/64][8], box {8, A_KSTEPS, ROW_TILES}
+  CUtensorMap rows[WIDTHS];   // bf16 B rows [rows][K], box {64, 16 (w + 1)}, 128-byte swizzle
+};
+
+cudaError_t allow_prefill_smem_narrow();
+cudaError_t allow_prefill_smem_wide();
+void launch_gemm_prefill_narrow(const gemm_launch&, const gemm_weights&,
+                                const prefill_maps<prefill_narrow_tile::WIDTHS>&, const moe_workspace&, epilogue_kind,
+                                const activation_config&, int sms, cudaStream_t);
+void launch_gemm_prefill_wide(const gemm_launch&, const gemm_weights&, const prefill_maps<prefill_wide_tile::WIDTHS>&,
+                              const moe_workspace&, epilogue_kind, const activation_config&, int sms, cudaStream_t);
+
+template <class Cfg>
+struct prefill_smem {
+  uint8_t* base;  // 1024-byte aligned
+  __device__ uint8_t* b_slot(int s) const { return base + s * Cfg::B_STAGE_BYTES; }
+  __device__ uint8_t* a_slot(int s) const { return base + Cfg::A_OFFSET + s * Cfg::A_STAGE_BYTES; }
+  __device__ uint64_t* bar(int i) const { return reinterpret_cast<uint64_t*>(base + Cfg::BAR_OFFSET) + i; }
+  __device__ uint64_t* a_full(int s) const { return bar(s); }
+  __device__ uint64_t* a_empty(int s) const { return bar(Cfg::A_STAGES + s); }
+  __device__ uint64_t* b_full(int s) const { return bar(2 * Cfg::A_STAGES + s); }
+  __device__ uint64_t* b_empty(int s) const { return bar(2 * Cfg::A_STAGES + Cfg::B_STAGES + s); }
+};
+
+// ---- loaders (one lane each) -------------------------------------------------------------
+
+template <class Cfg>
+__device__ void load_weights(const prefill_smem<Cfg>& sm, const prefill_maps<Cfg::WIDTHS>& maps,
+                             const moe_workspace& ws, const prefill_grid& pg) {
+  detail::ring_pos<Cfg::A_STAGES> pos;
+  for (int64_t i = blockIdx.x; i < pg.items; i += gridDim.x) {
+    const prefill_item it = prefill_item_at<Cfg::ROW_TILES>(ws, pg, i);
+    // Row tiles of the block past the matrix are the next expert's (or zeros): loaded, not used.
+    const int row0 = it.expert * pg.row_tiles + it.row_tile0;
+    for (int ks = 0; ks < pg.ksteps; ks += Cfg::A_KSTEPS) {
+      detail::wait_empty(sm.a_empty(pos.slot), pos.phase);
+      uint64_t* full = sm.a_full(pos.slot);
+      detail::arrive_expect_bytes(full, Cfg::A_STAGE_BYTES);  // K-steps past K arrive as zeros
+      detail::tma_load_3d(sm.a_slot(pos.slot), &maps.codes, 0, ks, row0, full);
+      detail::tma_load_3d(sm.a_slot(pos.slot) + Cfg::A_CODE_BYTES, &maps.scales, 0, ks, row0, full);
+      pos.advance();
+    }
+  }
+}
+
+template <class Cfg>
+__device__ void load_activations(const prefill_smem<Cfg>& sm, const prefill_maps<Cfg::WIDTHS>& maps,
+                                 const moe_workspace& ws, const prefill_grid& pg) {
+  detail::ring_pos<Cfg::B_STAGES> pos;
+  for (int64_t i = blockIdx.x; i < pg.items; i += gridDim.x) {
+    const prefill_item it = prefill_item_at<Cfg::ROW_TILES>(ws, pg, i);
+    const int n16 = (it.count + Cfg::N_STEP - 1) / Cfg::N_STEP;
+    const CUtensorMap* map = &maps.rows[n16 - 1];
+    for (int ks = 0; ks < pg.ksteps; ++ks) {
+      detail::wait_empty(sm.b_empty(pos.slot), pos.phase);
+      uint64_t* full = sm.b_full(pos.slot);
+      detail::arrive_expect_bytes(full, n16 * Cfg::N_STEP * Cfg::B_ROW_BYTES);
+      detail::tma_load_2d(sm.b_slot(pos.slot), map, ks * kPrefillBoxCols, it.start, full);
+      pos.advance();
+    }
+  }
+}
+
+// ---- consumers ---------------------------------------------------------------------------
+
+template <class Cfg>
+__device__ __forceinline__ void release_activations(const prefill_smem<Cfg>& sm, int slot) {
+  __syncwarp();
+  if ((threadIdx.x & 31) == 0) detail::arrive(sm.b_empty(slot));
+}
+
+// The four wgmma m64nNk16 of one K-step (k16 steps j = 0..3 of the slot's 64 k), N = 16·n16:
+// acc[0, N/2) accumulate, the rest of acc is not touched. `desc` describes the slot; k16 step j
+// starts 32 bytes further, i.e. 2 j more in the descriptor's start-address field (16-byte units,
+// bits 0..13: shared addresses stay below 2^18, so adding 6 never carries out of it).
+// The fence and the commit sit in the same branch as the wgmmas (else ptxas injects fences).
+template <int N>
+__device__ __forceinline__ void wgmma_kstep(const uint32_t (&a)[4][4], uint64_t desc, float* acc) {
+  cute::warpgroup_arrive();
+  const uint32_t lo = static_cast<uint32_t>(desc);
+  const uint64_t hi = desc & ~uint64_t{0xFFFFFFFFu};
+#pragma unroll
+  for (int j = 0; j < 4; ++j)
+    detail::wgmma_call<N>(a[j], hi | (lo + 2 * j), acc, std::make_index_sequence<N / 2>{});
+  cute::warpgroup_commit_batch();
+}
+// The instruction for widths LO..HI (in N_STEP units) picked by bisection: about log2(WIDTHS)
+// uniform branches per K-step instead of one test per width.
+template <class Cfg, int LO, int HI>
+__device__ __forceinline__ void wgmma_kstep(int n16, const uint32_t (&a)[4][4], uint64_t desc, float* acc) {
+  if constexpr (LO == HI) {
+    wgmma_kstep<LO * Cfg::N_STEP>(a, desc, acc);
+  } else {
+    constexpr int MID = (LO + HI) / 2;
+    if (n16 <= MID)
+      wgmma_kstep<Cfg, LO, MID>(n16, a, desc, acc);
+    else
+      wgmma_kstep<Cfg, MID + 1, HI>(n16, a, desc, acc);
+  }
+}
+
+// One K-step of a warpgroup on the activation slot, then a wait until only these wgmmas are in
+// flight: the previous step's are complete, so its slot (the one before, unless this is the
+// item's first K-step) is released and its A registers may be overwritten. One main loop serves
+// every tile width (a uniform branch per K-step picks the instruction), so all widths share the
+// accumulators and ptxas pipelines the wgmmas.
+template <class Cfg>
+__device__ __forceinline__ void mma_kstep(const prefill_smem<Cfg>& sm, int n16, uint32_t (&a)[4][4],
+                                          float (&acc)[Cfg::NMAX / 2], detail::ring_pos<Cfg::B_STAGES>& b,
+                                          bool release_previous) {
+  detail::wait_full(sm.b_full(b.slot), b.phase);
+#pragma unroll
+  for (int i = 0; i < Cfg::NMAX / 2; ++i) cute::warpgroup_fence_operand(acc[i]);
+#pragma unroll
+  for (int j = 0; j < 4; ++j)
+#pragma unroll
+    for (int r = 0; r < 4; ++r) cute::warpgroup_fence_operand(a[j][r]);
+  wgmma_kstep<Cfg, 1, Cfg::WIDTHS>(n16, a, detail::sw128_desc(sm.b_slot(b.slot)), acc);
+  cute::warpgroup_wait<1>();
+#pragma unroll
+  for (int i = 0; i < Cfg::NMAX / 2; ++i) cute::warpgroup_fence_operand(acc[i]);
+  if (release_previous) release_activations(sm, b.slot == 0 ? Cfg::B_STAGES - 1 : b.slot - 1);
+  b.advance();
+}
+
+// A warp's share of a weight stage: 16 code bytes and 4 scale bytes per K-step.
+template <class Cfg>
+__device__ __forceinline__ const uint8_t* fragment_codes(const prefill_smem<Cfg>& sm, int slot, int local_tile,
+                                                         int kstep) {
+  return sm.a_slot(slot) + (local_tile * Cfg::A_KSTEPS + kstep) * Cfg::TILE_CODES + (threadIdx.x & 31) * 16;
+}
+template <class Cfg>
+__device__ __forceinline__ const uint8_t* fragment_scales(const prefill_smem<Cfg>& sm, int slot, int local_tile,
+                                                          int kstep) {
+  return sm.a_slot(slot) + Cfg::A_CODE_BYTES + (local_tile * Cfg::A_KSTEPS + kstep) * Cfg::TILE_SCALES +
+         ((threadIdx.x & 31) >> 2) * 4;
+}
+
+template <class Cfg>
+__device__ void consume_item(const prefill_smem<Cfg>& sm, const prefill_grid& pg, int64_t item, const gemm_weights& w,
+                             const moe_workspace& ws, epilogue_kind ep, const activation_config& act,
+                             detail::ring_pos<Cfg::A_STAGES>& a_pos, detail::ring_pos<Cfg::B_STAGES>& b_pos) {
+  const int ksteps = pg.ksteps;
+  const int local_tile = threadIdx.x >> 5;  // warp q of warpgroup h: row tile 4h + q of the block
+  bool rows_valid;
+  int n16;
+  {  // the epilogue reads the item again
+    const prefill_item it = prefill_item_at<Cfg::ROW_TILES>(ws, pg, item);
+    rows_valid = local_tile < it.row_tiles;
+    n16 = __shfl_sync(0xFFFFFFFFu, (it.count + Cfg::N_STEP - 1) / Cfg::N_STEP, 0);
+  }
+  float acc[Cfg::NMAX / 2];
+#pragma unroll
+  for (int i = 0; i < Cfg::NMAX / 2; ++i) acc[i] = 0.0f;
+  // Zero A for a warp past the matrix's last row tile: its rows are computed and dropped.
+  uint32_t a0[4][4] = {}, a1[4][4] = {};
+  // A warp's fragment share of a K-step: two in registers at a time (the one being converted and
+  // the next), read two K-steps ahead; K-steps past K are zeros in the slot (read, not used).
+  uint4 codes[2] = {};
+  uint32_t scales[2] = {};
+  const auto read_fragment = [&](int slot, int j) {
+    if (!rows_valid) return;
+    codes[j & 1] = *reinterpret_cast<const uint4*>(fragment_codes(sm, slot, local_tile, j));
+    scales[j & 1] = *reinterpret_cast<const uint32_t*>(fragment_scales(sm, slot, local_tile, j));
+  };
+  for (int ks = 0; ks < ksteps; ks += Cfg::A_KSTEPS) {
+    detail::wait_full(sm.a_full(a_pos.slot), a_pos.phase);
+    read_fragment(a_pos.slot, 0);
+    read_fragment(a_pos.slot, 1);
+#pragma unroll
+    for (int j = 0; j < Cfg::A_KSTEPS; ++j) {
+      const bool live = ks + j < ksteps;
+      uint32_t(&a)[4][4] = (j & 1) ? a1 : a0;  // stages hold an even number of K-steps
+      if (live && rows_valid) detail::dequant_fragment(codes[j & 1], scales[j & 1], a);
+      if (j + 2 < Cfg::A_KSTEPS) read_fragment(a_pos.slot, j + 2);
+      if (j + 3 == Cfg::A_KSTEPS) {  // the stage's last read is issued: release the slot
+        detail::fence_reads_before_copies();
+        __syncwarp();
+        if ((threadIdx.x & 31) == 0) detail::arrive(sm.a_empty(a_pos.slot));
+        a_pos.advance();
+      }
+      if (live) mma_kstep<Cfg>(sm, n16, a, acc, b_pos, ks + j > 0);
+    }
+  }
+  cute::warpgroup_wait<0>();
+#pragma unroll
+  for (int i = 0; i < Cfg::NMAX / 2; ++i) cute::warpgroup_fence_operand(acc[i]);
+  release_activations(sm, b_pos.slot == 0 ? Cfg::B_STAGES - 1 : b_pos.slot - 1);  // the last K-step's
+  store_prefill_item<Cfg::NMAX>(acc, prefill_item_at<Cfg::ROW_TILES>(ws, pg, item), local_tile, w, ws, ep, act);
+}
+
+// A warpgroup whose 64 rows are all past the matrix (the last row block of a matrix with
+// row_tiles % 8 <= 4) only keeps the rings' arrival counts.
+template <class Cfg>
+__device__ void skip_item(const prefill_smem<Cfg>& sm, int ksteps, detail::ring_pos<Cfg::A_STAGES>& a_pos,
+                          detail::ring_pos<Cfg::B_STAGES>& b_pos) {
+  const bool leader = (threadIdx.x & 31) == 0;
+  for (int ks = 0; ks < ksteps; ++ks) {
+    if (ks % Cfg::A_KSTEPS == 0) {
+      detail::wait_full(sm.a_full(a_pos.slot), a_pos.phase);
+      if (leader) detail::arrive(sm.a_empty(a_pos.slot));
+      a_pos.advance();
+    }
+    detail::wait_full(sm.b_full(b_pos.slot), b_pos.phase);
+    if (leader) detail::arrive(sm.b_empty(b_pos.slot));
+    b_pos.advance();
+  }
+}
+
+template <class Cfg>
+__device__ void consume(const prefill_smem<Cfg>& sm, const gemm_weights& w, const moe_workspace& ws,
+                        epilogue_kind ep, const activation_config& act, const prefill_grid& pg) {
+  detail::ring_pos<Cfg::A_STAGES> a_pos;
+  detail::ring_pos<Cfg::B_STAGES> b_pos;
+  const int first_tile_of_group = (threadIdx.x >> 5) & ~3;
+  for (int64_t i = blockIdx.x; i < pg.items; i += gridDim.x) {
+    const prefill_item it = prefill_item_at<Cfg::ROW_TILES>(ws, pg, i);
+    if (first_tile_of_group >= it.row_tiles) {
+      skip_item<Cfg>(sm, pg.ksteps, a_pos, b_pos);
+      continue;
+    }
+    consume_item<Cfg>(sm, pg, i, w, ws, ep, act, a_pos, b_pos);
+  }
+}
+
+// ---- kernel and launch -------------------------------------------------------------------
+
+template <class Cfg>
+__global__ void __launch_bounds__(Cfg::THREADS, 1)
+    moe_gemm_prefill_kernel(const __grid_constant__ prefill_maps<Cfg::WIDTHS> maps, gemm_weights w,
+                            moe_workspace ws, epilogue_kind ep, activation_config act) {
+  extern __shared__ uint8_t smem_raw[];
+  // Aligned by offsetting smem_raw itself, so that the compiler still sees shared memory (LDS,
+  // not generic loads, for the fragments).
+  const uint32_t misalign = static_cast<uint32_t>(__cvta_generic_to_shared(smem_raw)) & 1023u;
+  const prefill_smem<Cfg> sm{smem_raw + ((1024u - misalign) & 1023u)};
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < Cfg::A_STAGES; ++s) {
+      detail::barrier_init(sm.a_full(s), 1);
+      detail::barrier_init(sm.a_empty(s), Cfg::CONSUMER_WARPS);
+    }
+    for (int s = 0; s < Cfg::B_STAGES; ++s) {
+      detail::barrier_init(sm.b_full(s), 1);
+      detail::barrier_init(sm.b_empty(s), Cfg::CONSUMER_WARPS);
+    }
+    detail::barrier_init_fence();
+  }
+  __syncthreads();
+  // Programmatic dependent launch (pdl.cuh): the tile list, the B rows and the outputs belong to
+  // the kernels before; nothing global is touched before this.
+  detail::wait_for_previous_grid();
+  detail::allow_dependent_launch();
+  const prefill_grid pg = make_prefill_grid<Cfg::ROW_TILES>(w, ws);
+  if (warp == Cfg::WEIGHT_WARP) {
+    if (lane == 0) {
+      cute::prefetch_tma_descriptor(reinterpret_cast<const cute::TmaDescriptor*>(&maps.codes));
+      cute::prefetch_tma_descriptor(reinterpret_cast<const cute::TmaDescriptor*>(&maps.scales));
+      load_weights<Cfg>(sm, maps, ws, pg);
+    }
+  } else if (warp == Cfg::ACTIVATION_WARP) {
+    if (lane < Cfg::WIDTHS)
+      cute::prefetch_tma_descriptor(reinterpret_cast<const cute::TmaDescriptor*>(&maps.rows[lane]));
+    __syncwarp();
+    if (lane == 0) load_activations<Cfg>(sm, maps, ws, pg);
+  } else {
+    consume<Cfg>(sm, w, ws, ep, act, pg);
+  }
+}
+
+// Outside any stream capture (moe_layer's constructor): more than 48 KB of shared memory.
+template <class Cfg>
+cudaError_t allow_prefill_smem() {
+  return cudaFuncSetAttribute(moe_gemm_prefill_kernel<Cfg>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                              Cfg::SMEM_BYTES);
+}
+
+// One persistent CTA per SM, never more than the work items the schedule can make.
+template <class Cfg>
+void launch_gemm_prefill_with(const gemm_launch& l, const gemm_weights& w, const prefill_maps<Cfg::WIDTHS>& maps,
+                              const moe_workspace& ws, epilogue_kind ep, const activation_config& act, int sms,
+                              cudaStream_t stream) {
+  const layout::sm90_fragment frag{w.rows, w.cols};
+  const int64_t items = l.max_tiles * layout::ceil_div(frag.row_tiles(), Cfg::ROW_TILES);
+  const unsigned grid = static_cast<unsigned>(std::max<int64_t>(1, std::min<int64_t>(sms, items)));
+  launch_pdl(moe_gemm_prefill_kernel<Cfg>, dim3(grid), dim3(Cfg::THREADS), Cfg::SMEM_BYTES, stream, l.dependent, maps,
+             w, ws, ep, act);
+}
+
+}  // namespace mxmoe::cuda::sm90

@@ -1,0 +1,52 @@
+// moe/prefill_schedule.cuh — the work items of one prefill GEMM launch and their order.
+//
+// Item i = (tile i / row_blocks, row block i % row_blocks): one scheduled tile of an expert
+// (ws.tiles: up to NMAX expert-sorted pairs, in expert order; routing.cu) times one block of
+// ROW_TILES fragment row tiles (16 weight rows each). Persistent CTA c runs items c, c + G,
+// c + 2G, ... (G = gridDim.x): the row blocks of one tile run side by side, so its activations
+// are read from DRAM once and from L2 by every row block, and consecutive tiles of an expert
+// follow each other while its weights are still in L2. Every role of a CTA (the two loaders
+// and the consumers) walks the same sequence, so no schedule is passed between warps.
+#pragma once
+
+#include <cstdint>
+
+#include "mxmoe/layout.h"
+
+#include "kernels.h"
+
+namespace mxmoe::cuda::sm90 {
+
+struct prefill_grid {
+  int row_tiles;   // fragment row tiles of the weight matrix
+  int ksteps;      // fragment column tiles (64 k each)
+  int row_blocks;  // ceil(row_tiles / ROW_TILES)
+  int64_t items;   // scheduled tiles x row blocks
+};
+
+struct prefill_item {
+  int expert, start, count;  // the tile (kernels.h tile_desc)
+  int row_tile0;             // first fragment row tile of the block
+  int row_tiles;             // row tiles of the block inside the matrix (1..ROW_TILES)
+};
+
+template <int ROW_TILES>
+__device__ __forceinline__ prefill_grid make_prefill_grid(const gemm_weights& w, const moe_workspace& ws) {
+  const layout::sm90_fragment frag{w.rows, w.cols};
+  prefill_grid g;
+  g.row_tiles = static_cast<int>(frag.row_tiles());
+  g.ksteps = static_cast<int>(frag.col_tiles());
+  g.row_blocks = (g.row_tiles + ROW_TILES - 1) / ROW_TILES;
+  g.items = static_cast<int64_t>(*ws.num_tiles) * g.row_blocks;
+  return g;
+}
+
+template <int ROW_TILES>
+__device__ __forceinline__ prefill_item prefill_item_at(const moe_workspace& ws, const prefill_grid& g, int64_t i) {
+  const tile_desc td = ws.tiles[i / g.row_blocks];
+  const int row_tile0 = static_cast<int>(i % g.row_blocks) * ROW_TILES;
+  const int left = g.row_tiles - row_tile0;
+  return {td.expert, td.start, td.count, row_tile0, left < ROW_TILES ? left : ROW_TILES};
+}
+
+}  // namespace mxmoe::cuda::sm90
