@@ -64,8 +64,6 @@ struct prepare_options {
   tp_shard tp;
 };
 
-class prepared_moe;
-
 // The weights of one MoE layer prepared for one backend. It owns everything it needs: once
 // prepare() returns, the caller's weight buffers may go away. Move-only; a moved-from layer is
 // empty: every member and moe_forward throw mxmoe::invalid_argument ("layer") for it.
