@@ -98,7 +98,8 @@ ep_layer::ep_layer(const moe_weights& weights, const moe_config& cfg, communicat
 
   const size_t T = static_cast<size_t>(m.max_tokens), C = static_cast<size_t>(m.capacity(m.max_tokens)),
                P = static_cast<size_t>(m.ranks), Hs = static_cast<size_t>(H), ks = static_cast<size_t>(k);
-  const size_t x_bytes = 4;  // the widest x (f32 on cpu)
+  const size_t x_bytes = d == device_kind::cuda ? 2 : 4;  // bf16 on cuda; on the cpu x may be f32
+  const size_t y_bytes = static_cast<size_t>(dtype_size(m.partial_type()));
   m.logits = buffer(d, d == device_kind::cpu ? T * static_cast<size_t>(E) * 4 : 0);
   m.ids = buffer(d, T * ks * 4);
   m.weights = buffer(d, T * ks * 4);
@@ -111,8 +112,8 @@ ep_layer::ep_layer(const moe_weights& weights, const moe_config& cfg, communicat
   m.recv_x = buffer(d, P * C * Hs * x_bytes);
   m.recv_ids = buffer(d, P * C * ks * 4);
   m.recv_w = buffer(d, P * C * ks * 4);
-  m.recv_y = buffer(d, P * C * Hs * 4);
-  m.ret = buffer(d, P * C * Hs * 4);
+  m.recv_y = buffer(d, P * C * Hs * y_bytes);
+  m.ret = buffer(d, P * C * Hs * y_bytes);
   m.workspace_bytes = m.layer->workspace_bytes(static_cast<int64_t>(P * C));
   m.workspace = buffer(d, m.workspace_bytes);
 }

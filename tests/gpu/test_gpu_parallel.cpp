@@ -168,7 +168,7 @@ struct map_case {
 // Each routing path: T = 5 the plan routes itself, T = 40 route + plan, T = 3000 (k = 4: 12000
 // pairs) the four-step path; precomputed ids through the plan and the import kernel.
 TEST(GpuParallelMap, SubsetsSumToTheWholeLayer) {
-  const moe_config cfg = make_cfg(16, 128, 96, 4, activation_kind::swiglu_clamped, layout::gate_up_order::interleaved);
+  const moe_config cfg = make_cfg(16, 256, 96, 4, activation_kind::swiglu_clamped, layout::gate_up_order::interleaved);
   const synthetic::mxfp4_layer full = synthetic::make_layer(cfg, {.biases = true}, 41);
   const prepared_moe whole = prepare(full.weights(), cfg, device_kind::cuda);
   const std::vector<int32_t> owners{0, 1, 2, 0, 1, 2, 0, 1, 2, 0, 1, 2, 2, 2, 1, 0};  // three ranks, scattered
@@ -210,7 +210,8 @@ TEST(GpuParallelMap, SubsetsSumToTheWholeLayer) {
 // A rank none of whose experts a token picked gives that token exactly 0; an id outside [0, E)
 // is still dropped and flagged, one held elsewhere is not flagged.
 TEST(GpuParallelMap, RemoteSlotsGiveZeroAndBadIdsAreStillFlagged) {
-  const moe_config cfg = make_cfg(8, 64, 64, 2, activation_kind::silu_mul, layout::gate_up_order::concatenated);
+  constexpr int64_t H = 256;
+  const moe_config cfg = make_cfg(8, H, 64, 2, activation_kind::silu_mul, layout::gate_up_order::concatenated);
   const synthetic::mxfp4_layer full = synthetic::make_layer(cfg, {.biases = true}, 43);
   const std::vector<int32_t> map{0, 1, -1, -1, -1, -1, -1, -1};
   const owned_weights mine = select_experts(full.weights(), cfg, map);
@@ -226,9 +227,9 @@ TEST(GpuParallelMap, RemoteSlotsGiveZeroAndBadIdsAreStillFlagged) {
     const std::vector<uint16_t> out = run_layer(layer, c, &flags);
     EXPECT_EQ(flags, 0u);
     for (int64_t t = 1; t < T; t += 2)
-      for (int64_t n = 0; n < 64; ++n) ASSERT_EQ(out[static_cast<size_t>(t * 64 + n)], 0) << "T " << T << " token " << t;
+      for (int64_t n = 0; n < H; ++n) ASSERT_EQ(out[static_cast<size_t>(t * H + n)], 0) << "T " << T << " token " << t;
     std::vector<float> ref(out.size());
-    cpu::moe_forward(c.in.x_view(), c.host_routing(cfg), mine.weights(), cfg, tensor_view(ref.data(), dtype::f32, {T, 64}),
+    cpu::moe_forward(c.in.x_view(), c.host_routing(cfg), mine.weights(), cfg, tensor_view(ref.data(), dtype::f32, {T, H}),
                      cpu::precision::f64, 0, map);
     expect_near_reference(to_float(out), ref, "map of two experts, T " + std::to_string(T));
     c.ids[1] = 8;  // out of range
@@ -244,7 +245,7 @@ TEST(GpuParallelTp, ShardsSumToTheWholeLayer) {
   for (const auto& [inter, P, act, order] :
        {std::tuple{int64_t{2880}, 8, activation_kind::swiglu_clamped, layout::gate_up_order::interleaved},
         std::tuple{int64_t{544}, 3, activation_kind::silu_mul, layout::gate_up_order::concatenated}}) {
-    const moe_config cfg = make_cfg(4, 128, inter, 2, act, order);
+    const moe_config cfg = make_cfg(4, 256, inter, 2, act, order);
     const synthetic::mxfp4_layer full = synthetic::make_layer(cfg, {.biases = true}, 45);
     const prepared_moe whole = prepare(full.weights(), cfg, device_kind::cuda);
     for (int64_t T : {3, 70}) {
@@ -299,7 +300,7 @@ std::vector<std::vector<uint16_t>> run_ep_local(const synthetic::mxfp4_layer& fu
 }
 
 TEST(GpuParallelLocal, ExpertParallelTwoRanksMatchTheLayer) {
-  const moe_config cfg = make_cfg(16, 128, 96, 4, activation_kind::swiglu_clamped, layout::gate_up_order::interleaved);
+  const moe_config cfg = make_cfg(16, 256, 96, 4, activation_kind::swiglu_clamped, layout::gate_up_order::interleaved);
   const synthetic::mxfp4_layer full = synthetic::make_layer(cfg, {.biases = true}, 51);
   const prepared_moe whole = prepare(full.weights(), cfg, device_kind::cuda);
   for (const auto& [T, pre] : {std::pair{int64_t{6}, false}, std::pair{int64_t{6}, true}, std::pair{int64_t{300}, false}}) {
@@ -318,36 +319,37 @@ TEST(GpuParallelLocal, ExpertParallelTwoRanksMatchTheLayer) {
   }
 }
 
-// Every token on rank 1's experts with a capacity of 2: the first two tokens of each rank are
+// Every token on rank 1's experts with a capacity of 3: the first three tokens of each rank are
 // served, the others get exactly 0, and bit 1 is set; rank 0 receives only unused rows.
 TEST(GpuParallelLocal, CapacityOverflowIsFlaggedAndDropsOnlyLateTokens) {
-  const moe_config cfg = make_cfg(8, 64, 64, 2, activation_kind::silu_mul, layout::gate_up_order::concatenated);
+  constexpr int64_t T = 6, H = 256, served = 3 * H;
+  const moe_config cfg = make_cfg(8, H, 64, 2, activation_kind::silu_mul, layout::gate_up_order::concatenated);
   const synthetic::mxfp4_layer full = synthetic::make_layer(cfg, {.biases = false}, 52);
   std::vector<call_inputs> c;
   for (int r = 0; r < 2; ++r) {
-    c.emplace_back(cfg, full.weights(), 5, 53 + static_cast<uint64_t>(r), true);
+    c.emplace_back(cfg, full.weights(), T, 53 + static_cast<uint64_t>(r), true);
     for (size_t p = 0; p < c.back().ids.size(); ++p) c.back().ids[p] = 4 + static_cast<int32_t>(p % 2);  // experts 4, 5
     c.back().ids_d = to_device(c.back().ids);
   }
   std::vector<uint32_t> flags;
-  const auto out = run_ep_local(full, c, 2, &flags);
+  const auto out = run_ep_local(full, c, 3, &flags);
   for (int r = 0; r < 2; ++r) {
     EXPECT_EQ(flags[static_cast<size_t>(r)], parallel::kOverflowFlag) << "rank " << r;
-    std::vector<float> ref(static_cast<size_t>(5 * 64));
+    std::vector<float> ref(static_cast<size_t>(T * H));
     cpu::moe_forward(c[static_cast<size_t>(r)].in.x_view(), c[static_cast<size_t>(r)].host_routing(cfg), full.weights(),
-                     cfg, tensor_view(ref.data(), dtype::f32, {5, 64}), cpu::precision::f64);
+                     cfg, tensor_view(ref.data(), dtype::f32, {T, H}), cpu::precision::f64);
     const std::vector<float> got = to_float(out[static_cast<size_t>(r)]);
-    expect_near_reference(std::vector<float>(got.begin(), got.begin() + 128),
-                          std::vector<float>(ref.begin(), ref.begin() + 128), "served tokens, rank " + std::to_string(r));
-    for (size_t i = 128; i < got.size(); ++i) ASSERT_EQ(got[i], 0.0f) << "rank " << r << " element " << i;
+    expect_near_reference(std::vector<float>(got.begin(), got.begin() + served),
+                          std::vector<float>(ref.begin(), ref.begin() + served), "served tokens, rank " + std::to_string(r));
+    for (size_t i = served; i < got.size(); ++i) ASSERT_EQ(got[i], 0.0f) << "rank " << r << " element " << i;
   }
 }
 
 TEST(GpuParallelLocal, TensorParallelTwoRanksAgreeAndMatchTheLayer) {
-  const moe_config cfg = make_cfg(6, 128, 352, 2, activation_kind::swiglu_clamped, layout::gate_up_order::interleaved);
+  const moe_config cfg = make_cfg(6, 256, 352, 2, activation_kind::swiglu_clamped, layout::gate_up_order::interleaved);
   const synthetic::mxfp4_layer full = synthetic::make_layer(cfg, {.biases = true}, 54);
   const call_inputs c(cfg, full.weights(), 9, 55, false);
-  const int64_t T = 9, H = 128;
+  const int64_t T = 9, H = 256;
   std::vector<std::vector<uint16_t>> out(2);
   auto group = parallel::make_local_group(2, device_kind::cuda);
   parallel::run_ranks(2, [&](int r) {
