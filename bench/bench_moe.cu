@@ -1,6 +1,7 @@
 // bench_moe — command-line front of the MoE layer benchmark (moe_bench.cu).
 //   bench_moe [--shapes a,b] [--tokens 1,8,...] [--iters N] [--json PATH] [--torch-json PATH] [--peer-json PATH]
-//             [--commit SHA]
+//             [--commit SHA] [--ep P | --tp P]
+// --ep / --tp: the layer over P GPUs, one process each: scripts/launch.sh -n P -- bench_moe --ep P ...
 #include <cstdio>
 #include <cstdlib>
 #include <exception>
@@ -24,11 +25,11 @@ int run(int argc, char** argv) {
     const char* a = argv[i];
     const bool known = !std::strcmp(a, "--shapes") || !std::strcmp(a, "--tokens") || !std::strcmp(a, "--iters") ||
                        !std::strcmp(a, "--json") || !std::strcmp(a, "--torch-json") || !std::strcmp(a, "--peer-json") ||
-                       !std::strcmp(a, "--commit");
+                       !std::strcmp(a, "--commit") || !std::strcmp(a, "--ep") || !std::strcmp(a, "--tp");
     if (!known) {
       std::fprintf(stderr,
                    "usage: bench_moe [--shapes gpt-oss-120b,qwen3-30b-a3b,kimi-k2] [--tokens 1,8,32,...] "
-                   "[--iters 30] [--json PATH] [--torch-json PATH] [--peer-json PATH] [--commit SHA]\n");
+                   "[--iters 30] [--json PATH] [--torch-json PATH] [--peer-json PATH] [--commit SHA] [--ep P | --tp P]\n");
       return std::strcmp(a, "--help") ? 2 : 0;
     }
     if (i + 1 >= argc) {
@@ -50,6 +51,10 @@ int run(int argc, char** argv) {
       opt.torch_json = v;
     } else if (!std::strcmp(a, "--peer-json")) {
       opt.peer_json = v;
+    } else if (!std::strcmp(a, "--ep")) {
+      opt.ep = std::atoi(v);
+    } else if (!std::strcmp(a, "--tp")) {
+      opt.tp = std::atoi(v);
     } else {
       opt.commit = v;
     }

@@ -57,9 +57,34 @@ __global__ void fill_random_bytes(uint8_t* p, int64_t n, uint64_t seed, int lo, 
   }
 }
 
+}  // namespace
+
 void random_device_bytes(cuda::device_buffer& b, uint64_t seed, int lo, int span) {
   fill_random_bytes<<<1024, 256>>>(static_cast<uint8_t*>(b.data()), static_cast<int64_t>(b.size()), seed, lo, span);
   MXMOE_CUDA_CHECK(cudaGetLastError());
+}
+
+device_expert_weights::device_expert_weights(const moe_shape& held, int64_t down_scale_k, uint64_t seed)
+    : shape(held) {
+  const int64_t E = held.experts, H = held.hidden, I = held.intermediate;
+  const layout::checkpoint_mxfp4 gu{E, 2 * I, H}, dn{E, H, I};
+  gate_up_blocks = cuda::device_buffer(static_cast<size_t>(gu.block_bytes()));
+  gate_up_scales = cuda::device_buffer(static_cast<size_t>(gu.scale_bytes()));
+  down_blocks = cuda::device_buffer(static_cast<size_t>(dn.block_bytes()));
+  down_scales = cuda::device_buffer(static_cast<size_t>(dn.scale_bytes()));
+  constexpr int kSpan = 2 * synthetic::kScaleSpread + 1;
+  random_device_bytes(gate_up_blocks, seed, 0, 256);
+  random_device_bytes(gate_up_scales, seed + 1, synthetic::scale_centre(H) - synthetic::kScaleSpread, kSpan);
+  random_device_bytes(down_blocks, seed + 2, 0, 256);
+  random_device_bytes(down_scales, seed + 3, synthetic::scale_centre(down_scale_k) - synthetic::kScaleSpread, kSpan);
+}
+
+void device_expert_weights::bind(moe_weights& w) const {
+  const int64_t E = shape.experts, H = shape.hidden, I = shape.intermediate;
+  w.gate_up_blocks = gate_up_blocks.view(dtype::u8, {E, 2 * I, H / 32, 16});
+  w.gate_up_scales = gate_up_scales.view(dtype::u8, {E, 2 * I, H / 32});
+  w.down_blocks = down_blocks.view(dtype::u8, {E, H, I / 32, 16});
+  w.down_scales = down_scales.view(dtype::u8, {E, H, I / 32});
 }
 
 double median(std::vector<double> v) {
@@ -89,6 +114,8 @@ double measure_copy_tbps() {
   cudaEventDestroy(e1);
   return 2.0 * static_cast<double>(bytes) / (median(t) * 1e-3) / 1e12;
 }
+
+namespace {
 
 struct torch_baseline {
   double bf16_tflops = 0.0, copy_tbps = 0.0;
@@ -142,6 +169,7 @@ peer_baseline load_peer(const std::string& path) {
 }  // namespace
 
 int run_moe_bench(const moe_bench_options& opt) {
+  if (opt.ep > 1 || opt.tp > 1) return run_moe_bench_parallel(opt);
   std::string why;
   if (!cuda::available(&why)) {
     std::fprintf(stderr, "mxmoe bench: the cuda backend is unavailable: %s\n", why.c_str());
@@ -187,19 +215,9 @@ int run_moe_bench(const moe_bench_options& opt) {
     const std::vector<float>& corr = small.correction_bias;
     std::optional<prepared_moe> layer;
     {  // checkpoint-layout weights live only while the layer is prepared
-      const layout::checkpoint_mxfp4 gu{E, 2 * I, H}, dn{E, H, I};
-      cuda::device_buffer b13(static_cast<size_t>(gu.block_bytes())), s13(static_cast<size_t>(gu.scale_bytes())),
-          b2(static_cast<size_t>(dn.block_bytes())), s2(static_cast<size_t>(dn.scale_bytes()));
-      constexpr int kSpan = 2 * synthetic::kScaleSpread + 1;
-      random_device_bytes(b13, 11, 0, 256);
-      random_device_bytes(s13, 12, synthetic::scale_centre(H) - synthetic::kScaleSpread, kSpan);
-      random_device_bytes(b2, 13, 0, 256);
-      random_device_bytes(s2, 14, synthetic::scale_centre(I) - synthetic::kScaleSpread, kSpan);
+      const device_expert_weights expert(cfg.shape, I, 11);
       moe_weights w = small.weights();
-      w.gate_up_blocks = b13.view(dtype::u8, {E, 2 * I, H / 32, 16});
-      w.gate_up_scales = s13.view(dtype::u8, {E, 2 * I, H / 32});
-      w.down_blocks = b2.view(dtype::u8, {E, H, I / 32, 16});
-      w.down_scales = s2.view(dtype::u8, {E, H, I / 32});
+      expert.bind(w);
       layer.emplace(prepare(w, cfg, device_kind::cuda));
     }
     cuda::device_buffer ws(layer->workspace_bytes(max_t));

@@ -32,6 +32,14 @@ status=0
 step() { echo "=== $* ===" | tee -a "$LOG"; }
 has() { [[ " $STEPS " == *" $1 "* ]]; }
 
+# NCCL for the parallel tests (loaded with dlopen): the loader's libnccl.so.2, else the one of the
+# Python nvidia-nccl package. Never NVLink multicast.
+export NCCL_NVLS_ENABLE=0
+if [ -z "${MXMOE_NCCL_LIBRARY:-}" ] && ! ldconfig -p 2>/dev/null | grep -q 'libnccl\.so\.2'; then
+  lib=$(python3 -c 'import os, nvidia.nccl as n; print(os.path.join(list(n.__path__)[0], "lib", "libnccl.so.2"))' 2>/dev/null)
+  [ -n "$lib" ] && [ -f "$lib" ] && export MXMOE_NCCL_LIBRARY=$lib
+fi
+
 step "device"
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,clocks.mem,power.draw,power.limit,temperature.gpu \
   --format=csv 2>&1 | tee -a "$LOG"
@@ -42,7 +50,7 @@ if has tests; then
 fi
 if has sanitize; then
   # Small cases only: the sanitizers slow kernels down 10-100x.
-  FILTER='*tiny_silu*:*odd_k_swiglu_bias*:GpuMoeRouting.*:GpuMoeGraph.*:GpuMoePrefillSanitize.*:GpuQuantize*Small*:*MseClose*bf16*:*AsyncStatistics*:*Bad*'
+  FILTER='*tiny_silu*:*odd_k_swiglu_bias*:GpuMoeRouting.*:GpuMoeGraph.*:GpuMoePrefillSanitize.*:GpuQuantize*Small*:*MseClose*bf16*:*AsyncStatistics*:*Bad*:GpuParallelMap.*:GpuParallelTp.*:GpuParallelLocal.*'
   for tool in memcheck racecheck; do
     step "compute-sanitizer $tool"
     timeout 300 compute-sanitizer --tool "$tool" --error-exitcode 9 "$BIN/mxmoe_gpu_tests" --gtest_filter="$FILTER" \
@@ -69,6 +77,8 @@ if has cli; then
   run_cli run --preset gpt-oss-120b --experts 8 --tokens 64 --device cuda
   run_cli run --preset qwen3-30b-a3b --experts 32 --tokens 300 --device cuda
   run_cli run --preset kimi-k2 --experts 16 --tokens 8 --device cuda
+  run_cli run --preset kimi-k2 --experts 16 --tokens 8 --device cuda --ep 2
+  run_cli run --preset gpt-oss-120b --experts 8 --tokens 16 --device cuda --tp 2
   run_cli bench --shapes qwen3-30b-a3b --tokens 1,64 --iters 5
   rm -rf "$d"
 fi

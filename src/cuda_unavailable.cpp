@@ -33,8 +33,13 @@ void quantize_async(const tensor_view&, mx::scale_rule, scale_layout, const tens
 }
 void dequantize(const tensor_view&, const tensor_view&, scale_layout, const tensor_view&, void*) { no_cuda(); }
 
+void route(const tensor_view&, const tensor_view&, const routing_config&, const tensor_view&, const tensor_view&,
+           void*) {
+  no_cuda();
+}
+
 struct moe_layer::impl {};
-moe_layer::moe_layer(const moe_weights&, const moe_config&) { no_cuda(); }
+moe_layer::moe_layer(const moe_weights&, const moe_config&, const std::vector<int32_t>&) { no_cuda(); }
 moe_layer::~moe_layer() = default;
 moe_layer::moe_layer(moe_layer&&) noexcept = default;
 moe_layer& moe_layer::operator=(moe_layer&&) noexcept = default;

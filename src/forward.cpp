@@ -15,6 +15,7 @@ namespace mxmoe {
 struct prepared_moe::impl {
   device_kind device = device_kind::cpu;
   moe_config cfg;
+  std::vector<int32_t> expert_map;
   // cpu: copies of the caller's tensors, and weights viewing them.
   std::vector<std::vector<uint8_t>> owned;
   moe_weights weights;
@@ -78,6 +79,7 @@ const prepared_moe::impl& prepared_moe::state() const {
 
 device_kind prepared_moe::device() const { return state().device; }
 const moe_config& prepared_moe::config() const { return state().cfg; }
+const std::vector<int32_t>& prepared_moe::expert_map() const { return state().expert_map; }
 
 size_t prepared_moe::weight_bytes() const {
   const impl& m = state();
@@ -98,19 +100,25 @@ uint32_t prepared_moe::read_error_flags(const void* workspace, size_t workspace_
   return m.layer ? m.layer->read_error_flags(workspace, workspace_size) : 0;
 }
 
-prepared_moe prepare(const moe_weights& weights, const moe_config& cfg, device_kind target) {
+prepared_moe prepare(const moe_weights& weights, const moe_config& cfg, device_kind target,
+                     const prepare_options& options) {
   MXMOE_CHECK_ARG(target == device_kind::cpu || target == device_kind::cuda, "target", "cpu | cuda",
                   std::to_string(static_cast<int>(target)));
+  if (options.tp.ranks != 1 || options.tp.rank != 0) {
+    const owned_weights shard = shard_weights(weights, cfg, options.tp, options.expert_map);
+    return prepare(shard.weights(), shard.cfg, target, {options.expert_map, {}});
+  }
   auto m = std::make_unique<prepared_moe::impl>();
   m->device = target;
   m->cfg = cfg;
+  m->expert_map = options.expert_map;
   if (target == device_kind::cuda) {
     std::string why;
     if (!cuda::available(&why)) throw unsupported("prepare for cuda: the cuda backend is unavailable: " + why);
-    m->layer = std::make_unique<cuda::moe_layer>(weights, cfg);
+    m->layer = std::make_unique<cuda::moe_layer>(weights, cfg, options.expert_map);
     return prepared_moe(std::move(m));
   }
-  validate(weights, cfg);
+  validate(weights, cfg, options.expert_map);
   const bool mxfp4 = weights.format == weight_format::mxfp4;
   check_on(mxfp4 ? weights.gate_up_blocks : weights.gate_up, mxfp4 ? "weights.gate_up_blocks" : "weights.gate_up",
            device_kind::cpu, "the cpu backend reads host memory");
@@ -140,7 +148,7 @@ void moe_forward(const prepared_moe& layer, const tensor_view& x, const routing_
   check_routing_on(routing, m.device, why);
   // Each backend validates the rest (shapes, dtypes, values) before it writes anything.
   if (m.layer) return m.layer->forward(x, routing, out, workspace, workspace_size, stream);
-  cpu::moe_forward(x, routing, m.weights, m.cfg, out, cpu::precision::f32);
+  cpu::moe_forward(x, routing, m.weights, m.cfg, out, cpu::precision::f32, 0, m.expert_map);
 }
 
 void moe_forward_host(const prepared_moe& layer, const tensor_view& x, const routing_input& routing,

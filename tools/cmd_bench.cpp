@@ -25,6 +25,10 @@ command add_bench_command(CLI::App& root) {
                   "the peer's results (bench/peer_triton.py: triton_kernels matmul_ogs as vLLM 0.33.0 runs it) to compare with")
       ->check(CLI::ExistingFile);
   cmd->add_option("--commit", opt->commit, "commit id recorded in the JSON");
+  cmd->add_option("--ep", opt->ep, "expert parallelism over P GPUs, one process each (scripts/launch.sh -n P)")
+      ->check(CLI::Range(1, 512));
+  cmd->add_option("--tp", opt->tp, "tensor parallelism over P GPUs, one process each (scripts/launch.sh -n P)")
+      ->check(CLI::Range(1, 512));
   return {cmd, [opt] { return bench::run_moe_bench(*opt); }};
 }
 

@@ -7,6 +7,7 @@
 #include <nlohmann/json.hpp>
 
 #include "cli_common.h"
+#include "parallel_run.h"
 #include "mxmoe/checkpoint.h"
 #include "mxmoe/error.h"
 #include "mxmoe/presets.h"
@@ -47,6 +48,7 @@ struct run_args {
   uint64_t seed = 0;
   bool force = false, json = false;
   backend_request device = backend_request::automatic;
+  parallel_request parallel;  // --ep / --tp
 };
 
 int run_layer(const run_args& a) {
@@ -100,11 +102,14 @@ int run_layer(const run_args& a) {
   const cpu::precision reference = a.reference == "f64"   ? cpu::precision::f64
                                    : a.reference == "f32" ? cpu::precision::f32
                                                           : auto_reference(backend.device, cfg, in.tokens);
-  const verified_run run = run_verified(weights, cfg, in, backend.device, reference);
+  parallel_outcome split;  // --ep / --tp: the layer over P ranks (parallel_run.h)
+  const bool parallel = a.parallel.ep > 1 || a.parallel.tp > 1;
+  if (parallel) split = run_verified_parallel(weights, cfg, in, backend.device, reference, a.parallel);
+  const verified_run run = parallel ? std::move(split.run) : run_verified(weights, cfg, in, backend.device, reference);
   const verify_result& v = run.check;
   const char* reference_name = reference == cpu::precision::f64 ? "cpu f64" : "cpu f32";
 
-  if (!a.output.empty()) {
+  if (!a.output.empty() && split.primary) {
     const std::vector<std::pair<std::string, tensor_view>> tensors{
         {"out", tensor_view(run.out.data(), dtype::f32, {in.tokens, cfg.shape.hidden})}};
     write_safetensors(a.output, tensors, {{"mxmoe.backend", backend.name}}, a.force);
@@ -127,11 +132,13 @@ int run_layer(const run_args& a) {
                         {"passed", v.passed()},
                         {"backend_seconds", run.backend_seconds},
                         {"reference_seconds", v.reference_seconds}};
+    if (parallel) j["parallel"] = split.description;
     fmt::print("{}\n", j.dump(2));
   } else {
     fmt::print("layer: {}; T={} E={} H={} I={} top-{} {} {}\n", source, in.tokens, cfg.shape.experts, cfg.shape.hidden,
                cfg.shape.intermediate, cfg.routing.top_k, to_string(cfg.routing.kind), to_string(cfg.activation.kind));
     fmt::print("backend: {} ({})\n", backend.name, backend.reason);
+    if (parallel) fmt::print("parallel: {}\n", split.description);
     fmt::print("verify vs {} reference: rel-L2 {:.3e}, max abs {:.3e}, threshold rel-L2 {:.0e}: {}\n", reference_name,
                v.error.rel_l2, v.error.max_abs, v.tolerance.rel_l2, v.passed() ? "PASS" : "FAIL");
     if (!a.output.empty()) fmt::print("wrote out [{}, {}] f32 to {}\n", in.tokens, cfg.shape.hidden, a.output);
@@ -172,6 +179,12 @@ command add_run_command(CLI::App& root) {
   cmd->add_option("--reference", a->reference, "reference precision: auto, f64 or f32")->default_val("auto");
   cmd->add_flag("--force", a->force, "replace the --output file if it exists");
   cmd->add_flag("--json", a->json, "print the result as JSON on stdout");
+  // Expert / tensor parallelism (docs/parallel.md): in this process over an in-process group, or one
+  // rank of an NCCL group when launched by scripts/launch.sh.
+  cmd->add_option("--ep", a->parallel.ep, "expert parallelism over P ranks (T a multiple of P)")
+      ->check(CLI::Range(1, 512));
+  cmd->add_option("--tp", a->parallel.tp, "tensor parallelism over P ranks (whole 32-blocks of I each)")
+      ->check(CLI::Range(1, 512));
   return {cmd, [a] { return run_layer(*a); }};
 }
 

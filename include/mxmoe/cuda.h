@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "mxmoe/moe.h"
 #include "mxmoe/quantize.h"
@@ -65,13 +66,22 @@ void quantize_async(const tensor_view& x, mx::scale_rule rule, scale_layout layo
 inline constexpr double kForwardRelL2Tolerance = 4e-3;    // ||out - ref|| / ||ref||
 inline constexpr double kForwardMaxErrTolerance = 1.5e-2;  // max |out - ref| / max |ref|
 
+// Routing on the device by the layer's own routing kernel (the routing cpu::route defines): logits
+// f32 | bf16 [T, E] (device) -> ids_out i32 [T, k], weights_out f32 [T, k] (device).
+// correction_bias: optional f32 [E] in device memory (sigmoid_grouped_topk only). No host
+// synchronization; capturable.
+void route(const tensor_view& logits, const tensor_view& correction_bias, const routing_config& cfg,
+           const tensor_view& ids_out, const tensor_view& weights_out, void* stream = nullptr);
+
 // The MoE layer, W4A16: bf16 activations, MXFP4 expert weights.
 class moe_layer {
  public:
   // Validates `cfg` and the checkpoint-layout weights (expert matrices in host or device
   // memory; biases and router tensors in host memory), then prepares them into the kernel layout
   // on the device, one expert at a time (temporary device memory: one expert's weights).
-  moe_layer(const moe_weights& weights, const moe_config& cfg);
+  // expert_map (moe.h; empty: all experts): the experts the weights hold; routing maps each
+  // slot's expert through it, and a slot held elsewhere is dropped without an error.
+  moe_layer(const moe_weights& weights, const moe_config& cfg, const std::vector<int32_t>& expert_map = {});
   ~moe_layer();
   moe_layer(moe_layer&&) noexcept;
   moe_layer& operator=(moe_layer&&) noexcept;

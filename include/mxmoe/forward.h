@@ -24,9 +24,11 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "mxmoe/dtype.h"
 #include "mxmoe/moe.h"
+#include "mxmoe/shard.h"
 
 namespace mxmoe {
 
@@ -50,6 +52,18 @@ backend_choice choose_backend(backend_request request);
 
 // ---- prepared layer ----------------------------------------------------------------------
 
+// What part of the layer a prepared layer holds (expert and tensor parallelism, shard.h and
+// docs/parallel.md). The defaults hold all of it.
+struct prepare_options {
+  // moe.h: empty, or the E-entry map of the experts the weights hold (their expert dimension is
+  // E_held). A slot routed to an expert held elsewhere contributes 0 and is no error; on cuda the
+  // map is applied where routing writes expert ids, and costs nothing when empty.
+  std::vector<int32_t> expert_map;
+  // ranks > 1: prepare cuts shard `tp` along I out of the given (host, MXFP4) weights first
+  // (shard_weights); the layer's config() then has I = shard_intermediate(I, tp).
+  tp_shard tp;
+};
+
 // The weights of one MoE layer prepared for one backend. It owns everything it needs: once
 // prepare() returns, the caller's weight buffers may go away. Move-only; a moved-from layer is
 // empty: every member and moe_forward throw mxmoe::invalid_argument ("layer") for it.
@@ -63,6 +77,7 @@ class prepared_moe {
 
   device_kind device() const;       // where it runs and where moe_forward's tensors must live
   const moe_config& config() const;
+  const std::vector<int32_t>& expert_map() const;  // prepare_options::expert_map (empty: all experts)
   // Bytes of the prepared weights (host memory for cpu, device memory for cuda).
   size_t weight_bytes() const;
   // Bytes of workspace moe_forward needs for up to `max_tokens` tokens (0 for cpu).
@@ -77,7 +92,7 @@ class prepared_moe {
   explicit prepared_moe(std::unique_ptr<impl> p);
   const impl& state() const;  // throws for an empty layer
   std::unique_ptr<impl> impl_;
-  friend prepared_moe prepare(const moe_weights&, const moe_config&, device_kind);
+  friend prepared_moe prepare(const moe_weights&, const moe_config&, device_kind, const prepare_options&);
   friend void moe_forward(const prepared_moe&, const tensor_view&, const routing_input&, const tensor_view&, void*,
                           size_t, void*);
 };
@@ -87,10 +102,12 @@ class prepared_moe {
 //   cuda: cuda::moe_layer: MXFP4 expert matrices in host or device memory (biases and router
 //         tensors in host memory), repacked into the kernel layout on the current device one
 //         expert at a time.
+// `options` (above): the experts and the shard of I the layer holds.
 // Throws mxmoe::invalid_argument for bad weights or weights the target cannot read (device
-// weights for a cpu target, bf16 weights for cuda), mxmoe::unsupported for cuda without a usable
-// GPU (the reason from cuda::available).
-prepared_moe prepare(const moe_weights& weights, const moe_config& cfg, device_kind target);
+// weights for a cpu target, bf16 weights for cuda), a bad expert map or shard, mxmoe::unsupported
+// for cuda without a usable GPU (the reason from cuda::available).
+prepared_moe prepare(const moe_weights& weights, const moe_config& cfg, device_kind target,
+                     const prepare_options& options = {});
 
 // ---- forward -----------------------------------------------------------------------------
 

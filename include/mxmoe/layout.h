@@ -17,6 +17,9 @@
 //                      (mx::fragment_bit) placed for a cheap bf16 conversion.
 //   gate_up_rows       row order of the fused GEMM1 weight in the kernel layout, so that a
 //                      thread holds gate and up of the same output in its accumulators.
+//   even_split         n items (experts, or the I/32 blocks of a tensor-parallel shard) cut
+//                      into P contiguous parts as even as possible, the remainder to the first
+//                      parts (docs/parallel.md).
 //
 // Padding (rows or columns a layout adds) is never data: readers mask it, and the library's
 // own writers fill it with zero codes and scale byte 0.
@@ -217,6 +220,21 @@ struct gate_up_rows {
     split_checkpoint_row(row, &j, &u);
     return kernel_row(j, u);
   }
+};
+
+// ---- contiguous parts of n items over P ranks -------------------------------------------
+// Part r holds items [begin(r), begin(r) + count(r)): n / P each, one more for the first n % P.
+// Expert parallelism splits the E experts this way, tensor parallelism the I/32 blocks of I.
+struct even_split {
+  int64_t items = 0, parts = 1;
+  MXMOE_HD int64_t count(int64_t r) const { return items / parts + (r < items % parts ? 1 : 0); }
+  MXMOE_HD int64_t begin(int64_t r) const { return r * (items / parts) + (r < items % parts ? r : items % parts); }
+  // Inverse: the part holding item i, and its index inside that part.
+  MXMOE_HD int64_t part_of(int64_t i) const {
+    const int64_t big = items / parts + 1, in_big = (items % parts) * big;
+    return i < in_big ? i / big : items % parts + (i - in_big) / (items / parts);
+  }
+  MXMOE_HD int64_t index_in_part(int64_t i) const { return i - begin(part_of(i)); }
 };
 
 }  // namespace mxmoe::layout

@@ -9,6 +9,7 @@
 #pragma once
 
 #include <cstdint>
+#include <vector>
 
 #include "mxmoe/dtype.h"
 #include "mxmoe/layout.h"
@@ -77,8 +78,18 @@ struct moe_weights {
   tensor_view correction_bias;         // optional f32 [E] (sigmoid_grouped_topk only)
 };
 
-// Throws mxmoe::invalid_argument naming the tensor when a shape or dtype does not match cfg.
-void validate(const moe_weights& w, const moe_config& cfg);
+// Expert maps (expert parallelism, docs/parallel.md). A layer may hold a subset of the E experts:
+// expert_map has E entries, expert_map[e] = the index of global expert e in the weights' expert
+// dimension, or -1 for an expert held elsewhere; the indices >= 0 are 0 .. E_held - 1, each once
+// (E_held >= 1). The expert tensors and their biases then have E_held experts; the router weight,
+// router bias and correction bias keep all E: routing runs over every expert. A slot routed to an
+// expert held elsewhere contributes nothing (it is not an error; an id outside [0, E) still is).
+// Summed over ranks whose maps partition the experts, the layers give the whole layer. An empty
+// map holds every expert, index = id.
+//
+// Throws mxmoe::invalid_argument naming the tensor when a shape or dtype does not match cfg (and
+// expert_map), or naming "expert_map" when the map is malformed.
+void validate(const moe_weights& w, const moe_config& cfg, const std::vector<int32_t>& expert_map = {});
 
 // Either logits (f32 | bf16 [T, E]), or precomputed ids (i32 [T, k], each in [0, E)) and
 // weights (f32 [T, k]). When all three are empty, logits are computed from the router weights.
@@ -107,9 +118,11 @@ enum class precision : uint8_t {
 
 // The reference MoE layer. x: bf16 | f32 [T, H]; out: f32 | bf16 [T, H]. MXFP4 weights are
 // dequantized with mx::dequantize_value; nothing is rounded to bf16 between the GEMMs.
+// expert_map: the experts `weights` holds (above; empty: all); slots routed elsewhere are skipped
+// in the combine, so a token none of whose experts is held gets exactly 0.
 void moe_forward(const tensor_view& x, const routing_input& routing, const moe_weights& weights,
                  const moe_config& cfg, const tensor_view& out, precision prec = precision::f32,
-                 int threads = 0);
+                 int threads = 0, const std::vector<int32_t>& expert_map = {});
 
 }  // namespace cpu
 }  // namespace mxmoe

@@ -43,6 +43,11 @@ routing_source routing_source_of(const routing_input& r);
 // ids and weights are not range-checked on the host.
 void validate_routing_input(const routing_input& routing, const moe_config& cfg, int64_t tokens);
 
+// An expert map (moe.h) for `experts` experts: empty, or `experts` entries of -1 or a local index,
+// the local indices 0 .. n - 1 each exactly once, n >= 1. Returns n, the experts held (`experts`
+// for an empty map).
+int64_t validate_expert_map(const std::vector<int32_t>& expert_map, int64_t experts);
+
 // x bf16 | f32 [T, H], out f32 | bf16 [T, H] (same T, same device), contiguous.
 void validate_moe_io(const tensor_view& x, const tensor_view& out, const moe_config& cfg);
 

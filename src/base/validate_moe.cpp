@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstdio>
 #include <string>
+#include <vector>
 
 #include "mxmoe/error.h"
 #include "mxmoe/moe.h"
@@ -113,9 +114,33 @@ void validate(const moe_config& cfg) {
                   "cfg.gate_up", "concatenated | interleaved", std::to_string(static_cast<int>(cfg.gate_up)));
 }
 
-void validate(const moe_weights& w, const moe_config& cfg) {
+int64_t validate_expert_map(const std::vector<int32_t>& expert_map, int64_t experts) {
+  if (expert_map.empty()) return experts;
+  MXMOE_CHECK_ARG(static_cast<int64_t>(expert_map.size()) == experts, "expert_map",
+                  "one entry per expert (" + std::to_string(experts) + ")", std::to_string(expert_map.size()) + " entries");
+  int64_t held = 0;
+  for (int32_t v : expert_map) held += v >= 0 ? 1 : 0;
+  MXMOE_CHECK_ARG(held >= 1, "expert_map", "at least one expert held (an entry >= 0)", "none");
+  std::vector<int64_t> expert_of(static_cast<size_t>(held), -1);
+  for (int64_t e = 0; e < experts; ++e) {
+    const int32_t v = expert_map[static_cast<size_t>(e)];
+    MXMOE_CHECK_ARG(v >= -1 && v < held, "expert_map",
+                    "-1 or a local index in [0, " + std::to_string(held) + ") (the experts held)",
+                    std::to_string(v) + " at [" + std::to_string(e) + "]");
+    if (v < 0) continue;
+    MXMOE_CHECK_ARG(expert_of[static_cast<size_t>(v)] < 0, "expert_map", "each local index once",
+                    "local index " + std::to_string(v) + " for experts " +
+                        std::to_string(expert_of[static_cast<size_t>(v)]) + " and " + std::to_string(e));
+    expert_of[static_cast<size_t>(v)] = e;
+  }
+  return held;
+}
+
+void validate(const moe_weights& w, const moe_config& cfg, const std::vector<int32_t>& expert_map) {
   validate(cfg);
-  const int64_t e = cfg.shape.experts, h = cfg.shape.hidden, i = cfg.shape.intermediate;
+  // Expert tensors and their biases hold the experts of the map; router tensors all E.
+  const int64_t e = validate_expert_map(expert_map, cfg.shape.experts), h = cfg.shape.hidden,
+                i = cfg.shape.intermediate, all = cfg.shape.experts;
   const int64_t bs = mx::kBlockSize, pb = mx::kPackedBlockBytes;
   if (w.format == weight_format::mxfp4) {
     const device_kind where = w.gate_up_blocks.device;
@@ -137,14 +162,14 @@ void validate(const moe_weights& w, const moe_config& cfg) {
   }
   check_optional(w.gate_up_bias, "weights.gate_up_bias", {dtype::bf16, dtype::f32}, {e, 2 * i});
   check_optional(w.down_bias, "weights.down_bias", {dtype::bf16, dtype::f32}, {e, h});
-  check_optional(w.router_weight, "weights.router_weight", {dtype::bf16, dtype::f32}, {e, h});
-  check_optional(w.router_bias, "weights.router_bias", {dtype::bf16, dtype::f32}, {e});
+  check_optional(w.router_weight, "weights.router_weight", {dtype::bf16, dtype::f32}, {all, h});
+  check_optional(w.router_bias, "weights.router_bias", {dtype::bf16, dtype::f32}, {all});
   if (is_absent(w.router_weight))
     check_unused(w.router_bias, "weights.router_bias", "router_bias needs weights.router_weight");
-  check_optional(w.correction_bias, "weights.correction_bias", {dtype::f32}, {e});
+  check_optional(w.correction_bias, "weights.correction_bias", {dtype::f32}, {all});
   if (!is_absent(w.correction_bias)) {
     const float* bias = w.correction_bias.as<const float>();
-    for (int64_t n = 0; n < e; ++n)
+    for (int64_t n = 0; n < all; ++n)
       MXMOE_CHECK_ARG(std::isfinite(bias[n]), "weights.correction_bias", "finite values",
                       num(bias[n]) + " at [" + std::to_string(n) + "]");
   }

@@ -107,10 +107,11 @@ void resolve_routing(const tensor_view& x, const routing_input& routing, const m
   }
 }
 
+// ids: each pair's expert in the weights (the expert map applied), -1 for one held elsewhere.
 template <class F>
 void forward(const tensor_view& x, const std::vector<int32_t>& ids, const std::vector<float>& route_weights,
-             const moe_weights& w, const moe_config& cfg, const tensor_view& out, int threads) {
-  const int64_t t_total = x.dim(0), e_count = cfg.shape.experts, h = cfg.shape.hidden,
+             const moe_weights& w, const moe_config& cfg, int64_t e_count, const tensor_view& out, int threads) {
+  const int64_t t_total = x.dim(0), h = cfg.shape.hidden,
                 inter = cfg.shape.intermediate, k = cfg.routing.top_k;
   std::vector<F> table(256 * 16);  // every (scale, code) value, from the one definition
   for (int s = 0; s < 256; ++s)
@@ -127,12 +128,16 @@ void forward(const tensor_view& x, const std::vector<int32_t>& ids, const std::v
     std::vector<F> xs(static_cast<size_t>((t1 - t0) * h));
     for (int64_t i = 0; i < (t1 - t0) * h; ++i) xs[static_cast<size_t>(i)] = static_cast<F>(element(x, t0 * h + i));
 
-    // Pairs p = (token - t0) * k + slot, grouped by expert (counting sort, stable).
+    // Pairs p = (token - t0) * k + slot, grouped by expert (counting sort, stable); pairs of
+    // experts held elsewhere (id -1) are left out.
     std::vector<int64_t> start(static_cast<size_t>(e_count + 1), 0), by_expert(static_cast<size_t>(pairs));
-    for (int64_t p = 0; p < pairs; ++p) ++start[static_cast<size_t>(ids[static_cast<size_t>(t0 * k + p)]) + 1];
+    const auto id_of = [&](int64_t p) { return ids[static_cast<size_t>(t0 * k + p)]; };
+    for (int64_t p = 0; p < pairs; ++p)
+      if (id_of(p) >= 0) ++start[static_cast<size_t>(id_of(p)) + 1];
     for (int64_t e = 0; e < e_count; ++e) start[static_cast<size_t>(e + 1)] += start[static_cast<size_t>(e)];
     std::vector<int64_t> fill(start.begin(), start.end() - 1);
-    for (int64_t p = 0; p < pairs; ++p) by_expert[static_cast<size_t>(fill[static_cast<size_t>(ids[static_cast<size_t>(t0 * k + p)])]++)] = p;
+    for (int64_t p = 0; p < pairs; ++p)
+      if (id_of(p) >= 0) by_expert[static_cast<size_t>(fill[static_cast<size_t>(id_of(p))]++)] = p;
 
     std::vector<F> y(static_cast<size_t>(pairs * h));  // each pair's expert output
     for (int64_t e = 0; e < e_count; ++e) {
@@ -181,7 +186,8 @@ void forward(const tensor_view& x, const std::vector<int32_t>& ids, const std::v
         for (int64_t n = 0; n < h; ++n) {
           F acc = 0;
           for (int64_t s = 0; s < k; ++s)
-            acc += static_cast<F>(route_weights[static_cast<size_t>(tok * k + s)]) * y[static_cast<size_t>((tl * k + s) * h + n)];
+            if (ids[static_cast<size_t>(tok * k + s)] >= 0)
+              acc += static_cast<F>(route_weights[static_cast<size_t>(tok * k + s)]) * y[static_cast<size_t>((tl * k + s) * h + n)];
           if (out.type == dtype::f32) out.as<float>()[tok * h + n] = static_cast<float>(acc);
           else out.as<uint16_t>()[tok * h + n] = float_to_bf16(static_cast<float>(acc));
         }
@@ -197,8 +203,10 @@ void check_host(const tensor_view& v, const char* name) {
 }  // namespace
 
 void moe_forward(const tensor_view& x, const routing_input& routing, const moe_weights& weights,
-                 const moe_config& cfg, const tensor_view& out, precision prec, int threads) {
-  validate(weights, cfg);
+                 const moe_config& cfg, const tensor_view& out, precision prec, int threads,
+                 const std::vector<int32_t>& expert_map) {
+  validate(weights, cfg, expert_map);
+  const int64_t held = validate_expert_map(expert_map, cfg.shape.experts);
   check_host(weights.format == weight_format::mxfp4 ? weights.gate_up_blocks : weights.gate_up,
              weights.format == weight_format::mxfp4 ? "weights.gate_up_blocks" : "weights.gate_up");
   check_host(x, "x");
@@ -221,8 +229,10 @@ void moe_forward(const tensor_view& x, const routing_input& routing, const moe_w
   std::vector<int32_t> ids;
   std::vector<float> route_weights;
   resolve_routing(x, routing, weights, cfg, &ids, &route_weights);
-  if (prec == precision::f64) forward<double>(x, ids, route_weights, weights, cfg, out, threads);
-  else forward<float>(x, ids, route_weights, weights, cfg, out, threads);
+  if (!expert_map.empty())
+    for (int32_t& id : ids) id = expert_map[static_cast<size_t>(id)];
+  if (prec == precision::f64) forward<double>(x, ids, route_weights, weights, cfg, held, out, threads);
+  else forward<float>(x, ids, route_weights, weights, cfg, held, out, threads);
 }
 
 }  // namespace mxmoe::cpu

@@ -225,6 +225,21 @@ TEST_F(Cli, ExitCodesForBadUsageAndMissingBackend) {
   }
 }
 
+// --ep / --tp in one process: the in-process group on the CPU, verified like a plain run.
+TEST_F(Cli, RunSplitOverRanksVerifies) {
+  const result ep = mxmoe_cmd("run --preset qwen3-30b-a3b --experts 8 --tokens 6 --device cpu --ep 3 --json");
+  ASSERT_EQ(ep.code, 0) << ep.out;
+  const auto j = nlohmann::json::parse(ep.out);
+  EXPECT_TRUE(j["passed"].get<bool>());
+  EXPECT_NE(j["parallel"].get<std::string>().find("EP over 3 ranks"), std::string::npos) << j["parallel"];
+  const result tp = mxmoe_cmd("run --preset gpt-oss-20b --experts 4 --tokens 2 --device cpu --tp 8");
+  EXPECT_EQ(tp.code, 0) << tp.out;
+  EXPECT_NE(tp.out.find("TP over 8 ranks"), std::string::npos) << tp.out;
+  EXPECT_NE(tp.out.find("PASS"), std::string::npos) << tp.out;
+  EXPECT_EQ(mxmoe_cmd("run --preset qwen3-30b-a3b --experts 8 --tokens 5 --device cpu --ep 2").code, 2);  // 5 over 2
+  EXPECT_EQ(mxmoe_cmd("run --preset qwen3-30b-a3b --experts 8 --tokens 4 --device cpu --ep 2 --tp 2").code, 2);
+}
+
 TEST_F(Cli, DemoRunsAndVerifies) {
   const result r = mxmoe_cmd("demo --device cpu --json --tokens 16");
   ASSERT_EQ(r.code, 0) << r.out;

@@ -399,4 +399,41 @@ TEST(GateUpRows, PinnedRows) {
   EXPECT_EQ(concat.kernel_to_checkpoint(11), 13);
 }
 
+// ---- even_split -----------------------------------------------------------------------------
+
+TEST(EvenSplit, PartsTileTheItemsAndInvert) {
+  for (int64_t items : {1, 5, 17, 90, 384, 385})
+    for (int64_t parts : {1, 2, 3, 7, 8, 64}) {
+      const layout::even_split s{items, parts};
+      int64_t next = 0;
+      for (int64_t r = 0; r < parts; ++r) {
+        ASSERT_EQ(s.begin(r), next) << items << " over " << parts << ", part " << r;
+        ASSERT_LE(s.count(r), items / parts + 1);
+        ASSERT_GE(s.count(r), items / parts);
+        if (r > 0) {
+          ASSERT_LE(s.count(r), s.count(r - 1)) << "the remainder goes to the first parts";
+        }
+        for (int64_t j = 0; j < s.count(r); ++j) {
+          ASSERT_EQ(s.part_of(next + j), r);
+          ASSERT_EQ(s.index_in_part(next + j), j);
+        }
+        next += s.count(r);
+      }
+      ASSERT_EQ(next, items);
+    }
+}
+
+TEST(EvenSplit, PinnedParts) {
+  const layout::even_split blocks{2880 / 32, 8};  // gpt-oss I over 8 ranks: 90 blocks
+  EXPECT_EQ(blocks.count(0), 12);
+  EXPECT_EQ(blocks.count(1), 12);
+  EXPECT_EQ(blocks.count(2), 11);
+  EXPECT_EQ(blocks.begin(2), 24);
+  EXPECT_EQ(blocks.begin(7), 79);
+  EXPECT_EQ(blocks.part_of(89), 7);
+  const layout::even_split experts{384, 3};
+  EXPECT_EQ(experts.begin(2), 256);
+  EXPECT_EQ(experts.part_of(255), 1);
+}
+
 }  // namespace

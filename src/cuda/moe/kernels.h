@@ -121,6 +121,7 @@ struct plan_args {
   routing_config r;  // top_k always; the rest for route
   const int32_t* ids = nullptr;  // precomputed
   const float* weights = nullptr;
+  const int32_t* expert_map = nullptr;  // [E] local index or -1 (routing.cu); null: every expert
   int tokens = 0, experts = 0, tokens_per_tile = 0;
   int64_t max_tiles = 0;
 };
@@ -129,12 +130,14 @@ void prepare_plan_kernel();
 void launch_plan(const plan_args& a, const moe_workspace& ws, cudaStream_t stream);
 
 // Routing from logits (f32 or bf16 [T, E]); fills ids, weights (and with count_pairs counts, pos).
+// expert_map (null: none) turns the ids into local indices (routing.cu).
 void launch_route(const void* logits, bool logits_bf16, const float* correction_bias, const routing_config& r,
-                  int64_t tokens, int64_t experts, bool count_pairs, bool dependent, const moe_workspace& ws,
-                  cudaStream_t stream);
-// Precomputed ids/weights: copies them, counts, flags out-of-range ids (four-step path).
+                  int64_t tokens, int64_t experts, bool count_pairs, bool dependent, const int32_t* expert_map,
+                  const moe_workspace& ws, cudaStream_t stream);
+// Precomputed ids/weights: copies them (through expert_map when not null), counts, flags
+// out-of-range ids (four-step path).
 void launch_import_routing(const int32_t* ids, const float* weights, int64_t tokens, int top_k, int64_t experts,
-                           const moe_workspace& ws, cudaStream_t stream);
+                           const int32_t* expert_map, const moe_workspace& ws, cudaStream_t stream);
 void launch_schedule(int64_t experts, int tokens_per_tile, int64_t max_tiles, const moe_workspace& ws,
                      cudaStream_t stream);
 void launch_scatter(int64_t pairs, const moe_workspace& ws, cudaStream_t stream);

@@ -146,16 +146,20 @@ struct moe_layer::impl {
   moe_config cfg;
   layout::sm90_fragment frag13, frag2;
   device_buffer codes13, scales13, codes2, scales2, bias13, bias2, correction;
+  device_buffer expert_map;  // i32 [E] (moe.h); empty for a layer holding every expert
   moe_path path = moe_path::standard;
   int64_t decode_resident_warps = 0;  // decode GEMM warps resident at once on the device
 };
 
-moe_layer::moe_layer(const moe_weights& w, const moe_config& cfg) : impl_(std::make_unique<impl>()) {
+moe_layer::moe_layer(const moe_weights& w, const moe_config& cfg, const std::vector<int32_t>& expert_map)
+    : impl_(std::make_unique<impl>()) {
   validate(cfg);
-  validate(w, cfg);
+  validate(w, cfg, expert_map);
   MXMOE_CHECK_ARG(w.format == weight_format::mxfp4, "weights.format", "mxfp4 (the cuda layer is W4A16)",
                   to_string(w.format));
-  const int64_t E = cfg.shape.experts, H = cfg.shape.hidden, I = cfg.shape.intermediate;
+  // E: the experts the weights hold (all, or those of the expert map); routing keeps all of them.
+  const int64_t E = validate_expert_map(expert_map, cfg.shape.experts), H = cfg.shape.hidden,
+                I = cfg.shape.intermediate;
   impl& m = *impl_;
   m.cfg = cfg;
   m.path = requested_path();
@@ -210,7 +214,12 @@ moe_layer::moe_layer(const moe_weights& w, const moe_config& cfg) : impl_(std::m
 
   if (!w.gate_up_bias.empty()) m.bias13 = prepare_bias(w.gate_up_bias, E, 2 * I, true, gate_up);
   if (!w.down_bias.empty()) m.bias2 = prepare_bias(w.down_bias, E, H, false, gate_up);
-  if (!w.correction_bias.empty()) m.correction = prepare_bias(w.correction_bias, 1, E, false, gate_up);
+  if (!w.correction_bias.empty())
+    m.correction = prepare_bias(w.correction_bias, 1, cfg.shape.experts, false, gate_up);
+  if (!expert_map.empty()) {
+    m.expert_map = device_buffer(expert_map.size() * 4);
+    m.expert_map.upload(expert_map.data(), expert_map.size() * 4);
+  }
 }
 
 moe_layer::~moe_layer() = default;
@@ -227,7 +236,7 @@ size_t moe_layer::workspace_bytes(int64_t max_tokens) const {
 size_t moe_layer::weight_bytes() const {
   const impl& m = *impl_;
   return m.codes13.size() + m.scales13.size() + m.codes2.size() + m.scales2.size() + m.bias13.size() +
-         m.bias2.size();
+         m.bias2.size() + m.expert_map.size();
 }
 
 uint32_t moe_layer::read_error_flags(const void* workspace, size_t workspace_size) const {
@@ -281,6 +290,7 @@ void moe_layer::forward(const tensor_view& x, const routing_input& routing, cons
   const bool prefill = gc == gemm_config::prefill_narrow || gc == gemm_config::prefill_wide;
   const int bn = decode ? decode_tokens_per_tile(T) : sm90::gemm_tokens_per_tile(gc);
   const int64_t tiles = max_tiles(pairs, E, bn);
+  const int32_t* expert_map = static_cast<const int32_t*>(m.expert_map.data());
 
   if (!legacy && pairs <= sm90::kPlanMaxPairs) {  // routing bookkeeping by the one-CTA plan
     sm90::plan_args a;
@@ -289,6 +299,7 @@ void moe_layer::forward(const tensor_view& x, const routing_input& routing, cons
     a.experts = static_cast<int>(E);
     a.tokens_per_tile = bn;
     a.max_tiles = tiles;
+    a.expert_map = expert_map;
     if (precomputed) {
       a.source = sm90::plan_source::precomputed;
       a.ids = routing.ids.as<const int32_t>();
@@ -301,17 +312,19 @@ void moe_layer::forward(const tensor_view& x, const routing_input& routing, cons
     } else {
       a.source = sm90::plan_source::route_kernel;
       sm90::launch_route(routing.logits.data, routing.logits.type == dtype::bf16,
-                         static_cast<const float*>(m.correction.data()), c.routing, T, E, false, true, ws, stream);
+                         static_cast<const float*>(m.correction.data()), c.routing, T, E, false, true, expert_map, ws,
+                         stream);
     }
     sm90::launch_plan(a, ws, stream);
   } else {  // the four-step path: counters cleared, then route / import, schedule, scatter
     MXMOE_CUDA_CHECK(cudaMemsetAsync(ws.counts, 0, plan.clear_bytes(), stream));
     if (precomputed)
-      sm90::launch_import_routing(routing.ids.as<const int32_t>(), routing.weights.as<const float>(), T, k, E, ws,
-                                  stream);
+      sm90::launch_import_routing(routing.ids.as<const int32_t>(), routing.weights.as<const float>(), T, k, E,
+                                  expert_map, ws, stream);
     else
       sm90::launch_route(routing.logits.data, routing.logits.type == dtype::bf16,
-                         static_cast<const float*>(m.correction.data()), c.routing, T, E, true, false, ws, stream);
+                         static_cast<const float*>(m.correction.data()), c.routing, T, E, true, false, expert_map, ws,
+                         stream);
     sm90::launch_schedule(E, bn, tiles, ws, stream);
     sm90::launch_scatter(pairs, ws, stream);
   }

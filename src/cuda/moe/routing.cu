@@ -18,6 +18,10 @@
 //   scatter:  sorted[offsets[e] + pos[p]] = p.
 // An id outside [0, E) in caller-provided routing drops its slot (ids[p] = -1, weight 0, it
 // contributes nothing) and sets bit 0 of the workspace error flag.
+// Expert map (a layer holding a subset of the experts, moe.h): where an expert id is written
+// (route, plan, import), it becomes the local index expert_map[e]; -1, an expert held elsewhere,
+// drops the slot like a bad id but without the error flag. A null map (every expert) leaves ids
+// as they are; the counts and the schedule then run over local indices < E.
 // The rank of a pair within its expert comes from atomics and may differ between calls; the
 // layer's output does not depend on it (kernels.h).
 #include <cuda_runtime.h>
@@ -223,11 +227,17 @@ __device__ void route_token(const void* __restrict__ logits, bool logits_bf16, c
   __syncwarp();  // sel is reused by the warp's next token
 }
 
+// The local index of expert e (expert_map: null for a layer holding every expert).
+__device__ __forceinline__ int local_expert(const int32_t* __restrict__ expert_map, int e) {
+  return expert_map != nullptr ? expert_map[e] : e;
+}
+
 // One warp per token. count_pairs: also bump counts[e] and record pos[p] (the four-step path).
 template <int PER_LANE>
 __global__ void __launch_bounds__(kRouteWarps * 32)
     route_kernel(const void* __restrict__ logits, bool logits_bf16, const float* __restrict__ correction_bias,
-                 routing_config r, int tokens, int experts, bool count_pairs, moe_workspace ws) {
+                 routing_config r, int tokens, int experts, bool count_pairs, const int32_t* __restrict__ expert_map,
+                 moe_workspace ws) {
   __shared__ float group_choice[kRouteWarps][512];
   __shared__ float group_score[kRouteWarps][512];
   __shared__ int sel[kRouteWarps][512];
@@ -242,21 +252,24 @@ __global__ void __launch_bounds__(kRouteWarps * 32)
                         {group_choice[warp], group_score[warp], sel[warp]}, &e, &wt);
   if (lane < r.top_k) {
     const int64_t p = static_cast<int64_t>(t) * r.top_k + lane;
-    ws.ids[p] = e;
-    ws.weights[p] = wt;
-    if (count_pairs) ws.pos[p] = atomicAdd(&ws.counts[e], 1);
+    const int local = local_expert(expert_map, e);
+    ws.ids[p] = local;
+    ws.weights[p] = local >= 0 ? wt : 0.0f;
+    if (count_pairs && local >= 0) ws.pos[p] = atomicAdd(&ws.counts[local], 1);
   }
 }
 
 __global__ void import_kernel(const int32_t* __restrict__ ids, const float* __restrict__ weights, int64_t pairs,
-                              int experts, moe_workspace ws) {
+                              int experts, const int32_t* __restrict__ expert_map, moe_workspace ws) {
   const int64_t p = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (p >= pairs) return;
-  const int e = ids[p];
-  if (e < 0 || e >= experts) {
+  const int id = ids[p];
+  const bool bad = id < 0 || id >= experts;
+  const int e = bad ? -1 : local_expert(expert_map, id);
+  if (e < 0) {
     ws.ids[p] = -1;
     ws.weights[p] = 0.0f;
-    atomicOr(ws.error_flag, 1);
+    if (bad) atomicOr(ws.error_flag, 1);
     return;
   }
   ws.ids[p] = e;
@@ -340,27 +353,34 @@ __global__ void __launch_bounds__(kPlanThreads) plan_kernel(plan_args a, moe_wor
       route_token<PER_LANE>(a.logits, a.logits_bf16, a.correction_bias, a.r, t, a.experts, scratch, &e, &wt);
       if (lane < k) {
         const int p = t * k + lane;
-        ws.ids[p] = e;
-        ws.weights[p] = wt;
-        sm.pack[p] = e | (atomicAdd(&sm.counts[e], 1) << 16);
+        const int local = local_expert(a.expert_map, e);
+        ws.ids[p] = local;
+        ws.weights[p] = local >= 0 ? wt : 0.0f;
+        sm.pack[p] = local >= 0 ? local | (atomicAdd(&sm.counts[local], 1) << 16) : -1;
       }
     }
   } else {
     for (int p = tid; p < pairs; p += kPlanThreads) {
       int e;
       if (a.source == plan_source::precomputed) {
-        e = a.ids[p];
-        if (e < 0 || e >= a.experts) {
+        const int id = a.ids[p];
+        const bool bad = id < 0 || id >= a.experts;
+        e = bad ? -1 : local_expert(a.expert_map, id);
+        if (e < 0) {
           ws.ids[p] = -1;
           ws.weights[p] = 0.0f;
           sm.pack[p] = -1;
-          atomicOr(sm.error, 1);
+          if (bad) atomicOr(sm.error, 1);
           continue;
         }
         ws.ids[p] = e;
         ws.weights[p] = a.weights[p];
       } else {
-        e = ws.ids[p];
+        e = ws.ids[p];  // route_kernel applied the map: -1 is held elsewhere
+        if (e < 0) {
+          sm.pack[p] = -1;
+          continue;
+        }
       }
       sm.pack[p] = e | (atomicAdd(&sm.counts[e], 1) << 16);
     }
@@ -389,12 +409,13 @@ unsigned blocks_for(int64_t n, int threads) { return static_cast<unsigned>((n + 
 }  // namespace
 
 void launch_route(const void* logits, bool logits_bf16, const float* correction_bias, const routing_config& r,
-                  int64_t tokens, int64_t experts, bool count_pairs, bool dependent, const moe_workspace& ws,
-                  cudaStream_t stream) {
+                  int64_t tokens, int64_t experts, bool count_pairs, bool dependent, const int32_t* expert_map,
+                  const moe_workspace& ws, cudaStream_t stream) {
   const dim3 grid(blocks_for(tokens, kRouteWarps)), block(kRouteWarps * 32);
   const int t = static_cast<int>(tokens), e = static_cast<int>(experts);
   auto kernel = experts <= 128 ? route_kernel<4> : experts <= 256 ? route_kernel<8> : route_kernel<16>;
-  launch_pdl(kernel, grid, block, 0, stream, dependent, logits, logits_bf16, correction_bias, r, t, e, count_pairs, ws);
+  launch_pdl(kernel, grid, block, 0, stream, dependent, logits, logits_bf16, correction_bias, r, t, e, count_pairs,
+             expert_map, ws);
 }
 
 bool plan_can_route(int64_t tokens, int64_t experts) {
@@ -424,9 +445,10 @@ void launch_plan(const plan_args& a, const moe_workspace& ws, cudaStream_t strea
 }
 
 void launch_import_routing(const int32_t* ids, const float* weights, int64_t tokens, int top_k, int64_t experts,
-                           const moe_workspace& ws, cudaStream_t stream) {
+                           const int32_t* expert_map, const moe_workspace& ws, cudaStream_t stream) {
   const int64_t pairs = tokens * top_k;
-  import_kernel<<<blocks_for(pairs, 256), 256, 0, stream>>>(ids, weights, pairs, static_cast<int>(experts), ws);
+  import_kernel<<<blocks_for(pairs, 256), 256, 0, stream>>>(ids, weights, pairs, static_cast<int>(experts), expert_map,
+                                                            ws);
   MXMOE_CUDA_CHECK(cudaGetLastError());
 }
 
