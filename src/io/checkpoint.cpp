@@ -280,7 +280,14 @@ void attach_layer_tensors(const safetensors_reader& file, const moe_layer_info& 
   if (!info.down_bias.empty()) w.down_bias = file.tensor(info.down_bias);
   if (!info.router_weight.empty()) w.router_weight = file.tensor(info.router_weight);
   if (!info.router_bias.empty()) w.router_bias = file.tensor(info.router_bias);
-  if (!info.correction_bias.empty()) w.correction_bias = file.tensor(info.correction_bias);
+  if (!info.correction_bias.empty()) {
+    // The routing reads the correction bias as float32 (moe.h); say so in the file's terms
+    // rather than letting validate() name an internal field.
+    const safetensors_entry& e = file.entry(info.correction_bias);
+    if (e.type != dtype::f32)
+      throw format_error(file.path(), e.name, std::string("dtype ") + safetensors_dtype_name(e.type) + ", expected F32");
+    w.correction_bias = file.tensor(info.correction_bias);
+  }
 }
 }  // namespace
 

@@ -4,7 +4,9 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <array>
+#include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -55,6 +57,10 @@ class Cli : public ::testing::Test {
 
   // A Qwen3-style per-expert BF16 checkpoint (E=4, H, I) with a router and one unrelated tensor.
   std::string write_bf16(const std::string& name, int64_t H, int64_t I, uint64_t seed) {
+    return write_per_expert(name, H, I, seed, dtype::bf16);
+  }
+  // The same in element type `t` (bf16 or f16) for every tensor.
+  std::string write_per_expert(const std::string& name, int64_t H, int64_t I, uint64_t seed, dtype type) {
     const int64_t E = 4;
     std::mt19937_64 rng(seed);
     std::normal_distribution<float> n(0.0f, 0.05f);
@@ -63,21 +69,49 @@ class Cli : public ::testing::Test {
     std::vector<std::pair<std::string, std::pair<dtype, std::vector<int64_t>>>> specs;
     for (int64_t e = 0; e < E; ++e) {
       const std::string p = "model.layers.0.mlp.experts." + std::to_string(e) + ".";
-      specs.push_back({p + "gate_proj.weight", {dtype::bf16, {I, H}}});
-      specs.push_back({p + "up_proj.weight", {dtype::bf16, {I, H}}});
-      specs.push_back({p + "down_proj.weight", {dtype::bf16, {H, I}}});
+      specs.push_back({p + "gate_proj.weight", {type, {I, H}}});
+      specs.push_back({p + "up_proj.weight", {type, {I, H}}});
+      specs.push_back({p + "down_proj.weight", {type, {H, I}}});
     }
-    specs.push_back({"model.layers.0.mlp.gate.weight", {dtype::bf16, {E, H}}});
-    specs.push_back({"model.embed_tokens.weight", {dtype::bf16, {7, H}}});
+    specs.push_back({"model.layers.0.mlp.gate.weight", {type, {E, H}}});
+    specs.push_back({"model.embed_tokens.weight", {type, {7, H}}});
     std::vector<std::pair<std::string, tensor_view>> t;
     for (auto& [tname, spec] : specs) {
       int64_t count = 1;
       for (int64_t d : spec.second) count *= d;
       data.emplace_back(static_cast<size_t>(count));
-      for (auto& v : data.back()) v = float_to_bf16(n(rng));
+      for (auto& v : data.back()) v = type == dtype::f16 ? float_to_f16(n(rng)) : float_to_bf16(n(rng));
       t.emplace_back(tname, tensor_view(data.back().data(), spec.first, spec.second));
     }
     write_safetensors(path(name), t);
+    return path(name);
+  }
+
+  // A gpt-oss-style fused checkpoint (E=4, H, I) with biases, router weight and router bias, every
+  // tensor in element type `t` (bf16 or f16). `poison` tensors get a NaN at element `poison_at`.
+  std::string write_gpt_oss(const std::string& name, int64_t H, int64_t I, uint64_t seed, dtype t,
+                            const std::vector<std::string>& poison = {}, int64_t poison_at = 0) {
+    const int64_t E = 4;
+    const std::string p = "model.layers.0.mlp.";
+    const std::vector<std::pair<std::string, std::vector<int64_t>>> specs{
+        {p + "experts.gate_up_proj", {E, H, 2 * I}}, {p + "experts.gate_up_proj_bias", {E, 2 * I}},
+        {p + "experts.down_proj", {E, I, H}},        {p + "experts.down_proj_bias", {E, H}},
+        {p + "router.weight", {E, H}},               {p + "router.bias", {E}}};
+    std::mt19937_64 rng(seed);
+    std::normal_distribution<float> n(0.0f, 0.05f);
+    storage_.emplace_back();
+    auto& data = storage_.back();
+    std::vector<std::pair<std::string, tensor_view>> tensors;
+    for (const auto& [tname, shape] : specs) {
+      int64_t count = 1;
+      for (int64_t d : shape) count *= d;
+      data.emplace_back(static_cast<size_t>(count));
+      for (auto& v : data.back()) v = t == dtype::f16 ? float_to_f16(n(rng)) : float_to_bf16(n(rng));
+      if (std::find(poison.begin(), poison.end(), tname) != poison.end())
+        data.back()[static_cast<size_t>(poison_at)] = t == dtype::f16 ? float_to_f16(NAN) : float_to_bf16(NAN);
+      tensors.emplace_back(tname, tensor_view(data.back().data(), t, shape));
+    }
+    write_safetensors(path(name), tensors);
     return path(name);
   }
 
@@ -257,4 +291,20 @@ TEST_F(Cli, DemoRunsAndVerifies) {
   const result text = mxmoe_cmd("demo --tokens 8");
   EXPECT_EQ(text.code, 0);
   EXPECT_NE(text.out.find("PASS"), std::string::npos);
+}
+
+// ---- issue 16: what a new user hits (F16 checkpoints, non-finite values, bounds, argument
+// errors, inspect on refused layers, output that matches the docs) --------------------------
+
+// F16 checkpoints keep their router and biases as F16 after quantize; run must accept them.
+TEST_F(Cli, RunAcceptsF16RouterAndBiasesAfterQuantize) {
+  for (const bool gpt_oss : {false, true}) {
+    const std::string in = gpt_oss ? write_gpt_oss("in-oss.safetensors", 64, 32, 6, dtype::f16)
+                                   : write_per_expert("in.safetensors", 64, 32, 6, dtype::f16),
+                      q = path(gpt_oss ? "q-oss.safetensors" : "q.safetensors");
+    ASSERT_EQ(mxmoe_cmd("quantize " + in + " " + q + " --rule even --device cpu --force").code, 0);
+    const result r = mxmoe_cmd("run --checkpoint " + q + " --tokens 3 --device cpu", true);
+    EXPECT_EQ(r.code, 0) << r.out;
+    EXPECT_NE(r.out.find("PASS"), std::string::npos) << r.out;
+  }
 }
