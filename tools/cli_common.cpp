@@ -5,7 +5,7 @@
 
 #include <chrono>
 #include <cstdio>
-#include <map>
+#include <filesystem>
 
 #include "mxmoe/error.h"
 
@@ -13,24 +13,88 @@ namespace mxmoe::cli {
 
 void set_details(CLI::App* cmd, const std::string& text) { cmd->footer(text + "\n\n" + kExitCodeHelp); }
 
+namespace {
+std::string in_quotes(const std::string& v) { return "'" + v + "'"; }
+}  // namespace
+
+CLI::Validator one_of(const std::vector<std::string>& names, const std::vector<long long>& values) {
+  std::string list;
+  for (const auto& n : names) list += (list.empty() ? "" : ", ") + n;
+  return CLI::Validator(
+      [names, values, list](std::string& v) -> std::string {
+        const std::string low = CLI::detail::to_lower(v);
+        for (size_t i = 0; i < names.size(); ++i)
+          if (names[i] == low) {
+            v = values.empty() ? names[i] : std::to_string(values[i]);
+            return {};
+          }
+        return "expected one of " + list + "; got " + in_quotes(v);
+      },
+      "");
+}
+
+CLI::Validator integer_in(long long lo, long long hi) {
+  return CLI::Validator(
+      [lo, hi](std::string& v) -> std::string {
+        size_t used = 0;
+        long long x = 0;
+        try {
+          x = std::stoll(v, &used);
+        } catch (const std::exception&) {
+          used = 0;
+        }
+        if (used != 0 && used == v.size() && x >= lo && x <= hi) return {};
+        return "expected an integer in [" + std::to_string(lo) + ", " + std::to_string(hi) + "]; got " + in_quotes(v);
+      },
+      "");
+}
+
+CLI::Validator existing_file() {
+  return CLI::Validator(
+      [](std::string& v) -> std::string {
+        std::error_code ec;
+        if (std::filesystem::is_regular_file(v, ec)) return {};
+        return "expected an existing file; got " + in_quotes(v) +
+               (std::filesystem::is_directory(v, ec) ? " (a directory)" : " (no such file)");
+      },
+      "");
+}
+
+CLI::Validator output_path() {
+  return CLI::Validator(
+      [](std::string& v) -> std::string {
+        namespace fs = std::filesystem;
+        std::error_code ec;
+        if (fs::is_directory(v, ec)) return "expected a file path, not a directory; got " + in_quotes(v);
+        const fs::path parent = fs::absolute(v, ec).parent_path();
+        if (!fs::is_directory(parent, ec)) return "expected a path in an existing directory; got " + in_quotes(v);
+        return {};
+      },
+      "");
+}
+
 void add_device_option(CLI::App* cmd, backend_request* target) {
-  const std::map<std::string, backend_request> names{
-      {"auto", backend_request::automatic}, {"cpu", backend_request::cpu}, {"cuda", backend_request::cuda}};
   cmd->add_option("--device", *target,
                   "auto (cuda when an sm_90 GPU is usable, else cpu, and says why), cpu, or cuda (an error "
                   "with exit code 3 when no GPU is usable)")
-      ->transform(CLI::CheckedTransformer(names, CLI::ignore_case))
+      ->transform(one_of({"auto", "cpu", "cuda"}, {static_cast<long long>(backend_request::automatic),
+                                               static_cast<long long>(backend_request::cpu),
+                                               static_cast<long long>(backend_request::cuda)}))
       ->option_text("auto|cpu|cuda (default auto)");
 }
 
 CLI::Option* add_rule_option(CLI::App* cmd, mx::scale_rule* target) {
-  std::map<std::string, mx::scale_rule> names;
-  for (mx::scale_rule r : mx::kAllScaleRules) names[mx::to_string(r)] = r;
+  std::vector<std::string> names;
+  std::vector<long long> values;
+  for (mx::scale_rule r : mx::kAllScaleRules) {
+    names.emplace_back(mx::to_string(r));
+    values.push_back(static_cast<long long>(r));
+  }
   return cmd
       ->add_option("--rule", *target,
                    "E8M0 scale rule: floor (OCP MX v1.0; saturates ~41% of blocks), even (0.75 round-up: "
                    "the fixed vLLM kernel), rceil (never saturates), mse (per block, least squared error)")
-      ->transform(CLI::CheckedTransformer(names, CLI::ignore_case))
+      ->transform(one_of(names, values))
       ->option_text("floor|even|rceil|mse");
 }
 

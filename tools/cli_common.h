@@ -37,6 +37,20 @@ inline constexpr const char* kExitCodeHelp =
 // the exit codes.
 void set_details(CLI::App* cmd, const std::string& text);
 
+// Option checks whose errors read "--rule: expected one of floor, even, rceil, mse; got 'banana'"
+// (CLI11 prefixes the option's name). All run while parsing, before any work starts.
+//
+// One of `names` (case-insensitive); the value becomes the matching entry of `values` (as the
+// integer CLI11 converts an enum option from). Without `values` the name itself is kept.
+CLI::Validator one_of(const std::vector<std::string>& names, const std::vector<long long>& values = {});
+// An integer in [lo, hi].
+CLI::Validator integer_in(long long lo, long long hi);
+// An existing regular file (inputs).
+CLI::Validator existing_file();
+// A file to write: not a directory, in a directory that exists. Whether it may be replaced
+// (--force) is the command's check.
+CLI::Validator output_path();
+
 // Adds `--device auto|cpu|cuda` to `cmd`.
 void add_device_option(CLI::App* cmd, backend_request* target);
 

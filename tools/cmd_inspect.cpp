@@ -138,9 +138,9 @@ command add_inspect_command(CLI::App& root) {
       "the rule that reproduces 100% of the scales and blocks is the one used.\n\n"
       "Examples:\n  mxmoe inspect model-mxfp4.safetensors\n"
       "  mxmoe inspect model-mxfp4.safetensors --source model-bf16.safetensors --json");
-  cmd->add_option("FILE", a->file, "safetensors file")->required()->check(CLI::ExistingFile);
+  cmd->add_option("FILE", a->file, "safetensors file")->required()->check(existing_file());
   cmd->add_option("--source", a->source, "the BF16 checkpoint FILE was quantized from: recompute every rule")
-      ->check(CLI::ExistingFile);
+      ->check(existing_file());
   cmd->add_flag("--json", a->json, "print the report as JSON on stdout");
   return {cmd, [a] { return run_inspect(*a); }};
 }

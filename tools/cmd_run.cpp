@@ -3,6 +3,7 @@
 #include <fmt/core.h>
 
 #include <filesystem>
+#include <limits>
 #include <memory>
 #include <nlohmann/json.hpp>
 
@@ -165,26 +166,31 @@ command add_run_command(CLI::App& root) {
       "Examples:\n  mxmoe run --preset qwen3-30b-a3b --experts 16 --tokens 8 --device cpu\n"
       "  mxmoe run --checkpoint model-mxfp4.safetensors --layer 0 --inputs acts.safetensors --output out.safetensors\n"
       "  mxmoe run --preset gpt-oss-120b --tokens 32 --device cuda --json");
-  cmd->add_option("--checkpoint", a->checkpoint, "MXFP4 checkpoint (gpt-oss layout)")->check(CLI::ExistingFile);
-  cmd->add_option("--layer", a->layer, "MoE layer index (default: the first one)")->check(CLI::NonNegativeNumber);
+  cmd->add_option("--checkpoint", a->checkpoint, "MXFP4 checkpoint (gpt-oss layout)")->check(existing_file());
+  cmd->add_option("--layer", a->layer, "MoE layer index (default: the first one)")->check(integer_in(0, 999999999));
   cmd->add_option("--preset", a->preset, model_preset_names());
   cmd->add_option("--experts", a->experts, "with --preset: use this many experts instead of the model's")
-      ->check(CLI::Range(int64_t{1}, int64_t{512}));
+      ->check(integer_in(1, 512));
   cmd->add_option("--tokens", a->tokens, "tokens T when generating inputs (default 16)")
-      ->check(CLI::Range(int64_t{0}, int64_t{1} << 20));
-  cmd->add_option("--seed", a->seed, "seed of generated weights and inputs")->default_val(0);
+      ->check(integer_in(0, int64_t{1} << 20));
+  cmd->add_option("--seed", a->seed, "seed of generated weights and inputs")
+      ->check(integer_in(0, std::numeric_limits<long long>::max()))
+      ->default_val(0);
   add_device_option(cmd, &a->device);
-  cmd->add_option("--inputs", a->inputs, "safetensors file with x [T, H] and logits [T, E]")->check(CLI::ExistingFile);
-  cmd->add_option("--output", a->output, "write the backend's output \"out\" [T, H] f32 to this safetensors file");
-  cmd->add_option("--reference", a->reference, "reference precision: auto, f64 or f32")->default_val("auto");
+  cmd->add_option("--inputs", a->inputs, "safetensors file with x [T, H] and logits [T, E]")->check(existing_file());
+  cmd->add_option("--output", a->output, "write the backend's output \"out\" [T, H] f32 to this safetensors file")
+      ->check(output_path());
+  cmd->add_option("--reference", a->reference, "reference precision: auto, f64 or f32")
+      ->transform(one_of({"auto", "f64", "f32"}))
+      ->default_val("auto");
   cmd->add_flag("--force", a->force, "replace the --output file if it exists");
   cmd->add_flag("--json", a->json, "print the result as JSON on stdout");
   // Expert / tensor parallelism (docs/parallel.md): in this process over an in-process group, or one
   // rank of an NCCL group when launched by scripts/launch.sh.
   cmd->add_option("--ep", a->parallel.ep, "expert parallelism over P ranks (T a multiple of P)")
-      ->check(CLI::Range(1, 512));
+      ->check(integer_in(1, 512));
   cmd->add_option("--tp", a->parallel.tp, "tensor parallelism over P ranks (whole 32-blocks of I each)")
-      ->check(CLI::Range(1, 512));
+      ->check(integer_in(1, 512));
   return {cmd, [a] { return run_layer(*a); }};
 }
 

@@ -18,6 +18,20 @@ int main(int argc, char** argv) {
   app.footer(kExitCodeHelp);
   const std::vector<command> commands{add_demo_command(app),    add_quantize_command(app), add_dequantize_command(app),
                                       add_inspect_command(app), add_run_command(app),      add_bench_command(app)};
+  // CLI11 would say only "A subcommand is required" for an unknown first word.
+  if (argc > 1 && argv[1][0] != '-') {
+    std::string names;
+    bool known = false;
+    for (const auto& c : commands) {
+      names += (names.empty() ? "" : ", ") + c.app->get_name();
+      known = known || c.app->get_name() == argv[1];
+    }
+    if (!known) {
+      fmt::print(stderr, "mxmoe: error: unknown command '{}'; expected one of {}\nRun with --help for more information.\n",
+                 argv[1], names);
+      return kBadInput;
+    }
+  }
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {

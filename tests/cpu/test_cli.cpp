@@ -308,3 +308,28 @@ TEST_F(Cli, RunAcceptsF16RouterAndBiasesAfterQuantize) {
     EXPECT_NE(r.out.find("PASS"), std::string::npos) << r.out;
   }
 }
+
+// Bad arguments: "OPTION: expected WHAT; got 'VALUE'", exit code 2, before any work.
+TEST_F(Cli, ArgumentErrorsSayWhatIsExpected) {
+  const std::string in = write_bf16("in.safetensors", 64, 32, 7), out = path("out.safetensors");
+  const auto expect_error = [](const std::string& args, const std::string& message) {
+    const result r = mxmoe_cmd(args, true);
+    EXPECT_EQ(r.code, 2) << args << "\n" << r.out;
+    EXPECT_NE(r.out.find(message), std::string::npos) << args << "\n" << r.out;
+    EXPECT_LT(r.out.size(), 400u) << args << "\n" << r.out;  // one clear message, not a dump
+  };
+  expect_error("quantize " + in + " " + out + " --rule banana", "--rule: expected one of floor, even, rceil, mse; got 'banana'");
+  expect_error("run --preset gpt-oss-20b --layer -1", "--layer: expected an integer in [0, 999999999]; got '-1'");
+  expect_error("run --preset gpt-oss-20b --tokens many", "--tokens: expected an integer in [");
+  expect_error("run --preset gpt-oss-20b --device gpu", "--device: expected one of auto, cpu, cuda; got 'gpu'");
+  expect_error("run --preset gpt-oss-20b --reference f16", "--reference: expected one of auto, f64, f32");
+  expect_error("frobnicate", "unknown command 'frobnicate'; expected one of demo, quantize, dequantize, inspect, run, bench");
+  expect_error("inspect " + path("missing.safetensors"), "FILE: expected an existing file; got '" + path("missing.safetensors") + "'");
+  // Outputs are checked before the work: a directory, or a directory that does not exist.
+  expect_error("run --preset gpt-oss-20b --experts 4 --tokens 1 --device cpu --output " + dir_.string(),
+               "--output: expected a file path, not a directory; got '" + dir_.string() + "'");
+  expect_error("run --preset gpt-oss-20b --experts 4 --tokens 1 --device cpu --output " + path("no/such/out.safetensors"),
+               "--output: expected a path in an existing directory; got '" + path("no/such/out.safetensors") + "'");
+  expect_error("demo --device cpu --keep " + in, "--keep: expected a directory (or a path to create one); got '" + in + "'");
+  EXPECT_FALSE(fs::exists(out));
+}
