@@ -125,16 +125,29 @@ void progress_bar::show(const convert_progress& p) {
   std::fflush(stderr);
 }
 
+const char* reference_name(cpu::precision p) { return p == cpu::precision::f64 ? "cpu f64" : "cpu f32"; }
+
 verified_run run_verified(const moe_weights& weights, const moe_config& cfg, const synthetic::layer_inputs& in,
-                          device_kind backend, cpu::precision reference) {
+                          device_kind backend, std::optional<cpu::precision> reference,
+                          const progress_callback& progress) {
+  const std::string where = backend == device_kind::cuda ? "cuda" : "cpu";
+  const auto step = [&](int64_t done, const std::string& note) {
+    if (progress) progress({done, 3, note});
+  };
   verified_run run;
+  step(0, "preparing the layer for " + where);
   const prepared_moe layer = prepare(weights, cfg, backend);
   run.out.resize(static_cast<size_t>(in.tokens * cfg.shape.hidden));
   const tensor_view out(run.out.data(), dtype::f32, {in.tokens, cfg.shape.hidden});
+  step(1, "running the layer on " + where);
   const auto t0 = std::chrono::steady_clock::now();
   moe_forward_host(layer, in.x_view(), in.routing(), out);
   run.backend_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  run.check = verify_forward(weights, cfg, in.x_view(), in.routing(), out, backend, reference);
+  if (reference) {
+    step(2, std::string("reference ") + reference_name(*reference));
+    run.check = verify_forward(weights, cfg, in.x_view(), in.routing(), out, backend, *reference);
+  }
+  step(3, "done");
   return run;
 }
 

@@ -6,6 +6,7 @@
 #include <CLI/CLI.hpp>
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -78,14 +79,19 @@ class progress_bar {
 };
 
 // One MoE layer on `backend`, verified: prepare (forward.h), run on the host inputs
-// (moe_forward_host), then verify_forward against the reference in `reference` precision.
+// (moe_forward_host), then verify_forward against the reference in `reference` precision; no
+// reference (`mxmoe run --reference none`): not verified. `progress` hears of each of the three
+// steps before it starts (the note says which).
 struct verified_run {
-  std::vector<float> out;  // the backend's output, f32 [T, H]
-  verify_result check;
+  std::vector<float> out;             // the backend's output, f32 [T, H]
+  std::optional<verify_result> check; // absent when not verified
   double backend_seconds = 0;
 };
 verified_run run_verified(const moe_weights& weights, const moe_config& cfg, const synthetic::layer_inputs& in,
-                          device_kind backend, cpu::precision reference);
+                          device_kind backend, std::optional<cpu::precision> reference,
+                          const progress_callback& progress = {});
+// "cpu f64" / "cpu f32".
+const char* reference_name(cpu::precision p);
 
 // A subcommand registers itself and its action (returns an exit code).
 using command_action = std::function<int()>;

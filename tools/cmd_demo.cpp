@@ -167,7 +167,7 @@ int run_demo(const demo_args& a) {
   const auto info = checkpoint::find_moe_layer(q, 0);
   const verified_run run = run_verified(checkpoint::mxfp4_weights(q, info), checkpoint::layer_config(q, info), in,
                                         backend.device, cpu::precision::f64);
-  const verify_result& v = run.check;
+  const verify_result& v = *run.check;
 
   if (a.json) {
     nlohmann::json j = {{"model", {{"experts", kExperts}, {"hidden", kHidden}, {"intermediate", kIntermediate}, {"top_k", kTopK},

@@ -103,7 +103,11 @@ int run_inspect(const inspect_args& a) {
         if (!a.json) print_census(blocks, c);
       }
       if (source) {
-        const auto m = checkpoint::match_scale_rules(r, l, *source);
+        std::array<checkpoint::rule_match, checkpoint::kRuleCount> m;
+        {  // the bar is cleared before the results are printed
+          progress_bar bar("inspect");
+          m = checkpoint::match_scale_rules(r, l, *source, bar.callback());
+        }
         for (size_t k = 0; k < checkpoint::kRuleCount; ++k) {
           const char* rule = mx::to_string(mx::kAllScaleRules[k]);
           lj["source_match"][rule] = {{"scales_equal_pct", pct(m[k].scales_equal, m[k].blocks)},

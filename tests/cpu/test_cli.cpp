@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <array>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
@@ -15,7 +16,9 @@
 #include <random>
 
 #include "mxmoe/checkpoint.h"
+#include "mxmoe/convert.h"
 #include "mxmoe/cuda.h"
+#include "mxmoe/inspect.h"
 #include "mxmoe/mx.h"
 #include "mxmoe/quantize.h"
 #include "mxmoe/safetensors.h"
@@ -30,9 +33,8 @@ struct result {
   std::string out;
 };
 
-// Runs `mxmoe ARGS` (stderr discarded unless `merge_stderr`) and returns its exit code and stdout.
-result mxmoe_cmd(const std::string& args, bool merge_stderr = false) {
-  const std::string cmd = std::string(MXMOE_BINARY_DIR) + "/bin/mxmoe " + args + (merge_stderr ? " 2>&1" : " 2>/dev/null");
+// Runs the shell command line `cmd` and returns its exit code and stdout.
+result mxmoe_cmd_raw(const std::string& cmd) {
   FILE* p = ::popen(cmd.c_str(), "r");
   if (!p) return {-1, ""};
   std::string out;
@@ -41,6 +43,11 @@ result mxmoe_cmd(const std::string& args, bool merge_stderr = false) {
   while ((n = std::fread(buf.data(), 1, buf.size(), p)) > 0) out.append(buf.data(), n);
   const int status = ::pclose(p);
   return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
+}
+
+// Runs `mxmoe ARGS` (stderr discarded unless `merge_stderr`) and returns its exit code and stdout.
+result mxmoe_cmd(const std::string& args, bool merge_stderr = false) {
+  return mxmoe_cmd_raw(std::string(MXMOE_BINARY_DIR) + "/bin/mxmoe " + args + (merge_stderr ? " 2>&1" : " 2>/dev/null"));
 }
 
 class Cli : public ::testing::Test {
@@ -322,7 +329,7 @@ TEST_F(Cli, ArgumentErrorsSayWhatIsExpected) {
   expect_error("run --preset gpt-oss-20b --layer -1", "--layer: expected an integer in [0, 999999999]; got '-1'");
   expect_error("run --preset gpt-oss-20b --tokens many", "--tokens: expected an integer in [");
   expect_error("run --preset gpt-oss-20b --device gpu", "--device: expected one of auto, cpu, cuda; got 'gpu'");
-  expect_error("run --preset gpt-oss-20b --reference f16", "--reference: expected one of auto, f64, f32");
+  expect_error("run --preset gpt-oss-20b --reference f16", "--reference: expected one of auto, f64, f32, none; got 'f16'");
   expect_error("frobnicate", "unknown command 'frobnicate'; expected one of demo, quantize, dequantize, inspect, run, bench");
   expect_error("inspect " + path("missing.safetensors"), "FILE: expected an existing file; got '" + path("missing.safetensors") + "'");
   // Outputs are checked before the work: a directory, or a directory that does not exist.
@@ -332,4 +339,66 @@ TEST_F(Cli, ArgumentErrorsSayWhatIsExpected) {
                "--output: expected a path in an existing directory; got '" + path("no/such/out.safetensors") + "'");
   expect_error("demo --device cpu --keep " + in, "--keep: expected a directory (or a path to create one); got '" + in + "'");
   EXPECT_FALSE(fs::exists(out));
+}
+
+// Runs `cmd` (a shell command line) under a pseudo-terminal, as a user at a terminal would, and
+// returns what the terminal showed (stdout and stderr together).
+namespace {
+std::string on_terminal(const std::string& cmd) {
+  return mxmoe_cmd_raw("script -qec '" + cmd + "' /dev/null").out;
+}
+}  // namespace
+
+// No unbounded, silent work: T = 0 refused; the CPU work of a run bounded (with the way out:
+// --reference none on a GPU); progress on a terminal.
+TEST_F(Cli, RunRefusesEmptyAndUnboundedWorkAndShowsProgress) {
+  const result zero = mxmoe_cmd("run --preset qwen3-30b-a3b --experts 8 --tokens 0 --device cpu", true);
+  EXPECT_EQ(zero.code, 2) << zero.out;
+  EXPECT_NE(zero.out.find("--tokens: expected an integer in [1, 1048576]; got '0'"), std::string::npos) << zero.out;
+
+  const auto t0 = std::chrono::steady_clock::now();
+  const result big = mxmoe_cmd("run --preset qwen3-30b-a3b --experts 8 --tokens 1048576 --device cpu", true);
+  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 20.0);
+  EXPECT_EQ(big.code, 2) << big.out;
+  EXPECT_NE(big.out.find("--tokens"), std::string::npos) << big.out;
+  EXPECT_NE(big.out.find("multiply-adds"), std::string::npos) << big.out;
+  EXPECT_NE(big.out.find("--reference none"), std::string::npos) << big.out;
+
+  // Without verification: the output is produced and said to be unverified.
+  const result none = mxmoe_cmd("run --preset qwen3-30b-a3b --experts 8 --tokens 4 --device cpu --reference none --json");
+  ASSERT_EQ(none.code, 0) << none.out;
+  const auto j = nlohmann::json::parse(none.out);
+  EXPECT_EQ(j["reference"], "none");
+  EXPECT_FALSE(j["verified"].get<bool>());
+  EXPECT_TRUE(j["passed"].is_null());
+  const result text = mxmoe_cmd("run --preset qwen3-30b-a3b --experts 8 --tokens 4 --device cpu --reference none");
+  EXPECT_EQ(text.code, 0);
+  EXPECT_NE(text.out.find("not verified (--reference none)"), std::string::npos) << text.out;
+
+  // Progress on a terminal, none when stderr is not one.
+  const std::string bin = std::string(MXMOE_BINARY_DIR) + "/bin/mxmoe";
+  const std::string shown = on_terminal(bin + " run --preset qwen3-30b-a3b --experts 8 --tokens 4 --device cpu");
+  EXPECT_NE(shown.find("reference cpu f64"), std::string::npos) << shown;
+  EXPECT_EQ(mxmoe_cmd("run --preset qwen3-30b-a3b --experts 8 --tokens 4 --device cpu", true).out.find("\r"),
+            std::string::npos);
+  const std::string in = write_bf16("in.safetensors", 64, 32, 8), q = path("q.safetensors");
+  ASSERT_EQ(mxmoe_cmd("quantize " + in + " " + q + " --rule even --device cpu").code, 0);
+  const std::string inspected = on_terminal(bin + " inspect " + q + " --source " + in);
+  EXPECT_NE(inspected.find("inspect ["), std::string::npos) << inspected;
+  EXPECT_NE(inspected.find("4/4"), std::string::npos) << inspected;
+}
+
+// The library side of inspect's progress: one step per expert of every matched layer.
+TEST_F(Cli, MatchScaleRulesReportsProgress) {
+  const std::string in = write_bf16("in.safetensors", 64, 32, 9), q = path("q.safetensors");
+  ASSERT_EQ(mxmoe_cmd("quantize " + in + " " + q + " --rule even --device cpu").code, 0);
+  const safetensors_reader file(q), source(in);
+  std::vector<int64_t> done;
+  int64_t total = 0;
+  checkpoint::match_scale_rules(file, checkpoint::find_moe_layer(file, 0), source, [&](const convert_progress& p) {
+    done.push_back(p.done);
+    total = p.total;
+  });
+  EXPECT_EQ(done, (std::vector<int64_t>{1, 2, 3, 4}));
+  EXPECT_EQ(total, 4);
 }
