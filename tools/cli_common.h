@@ -27,12 +27,13 @@ enum exit_code : int {
   kBackendUnavailable = 3,  // --device cuda without a usable GPU, or a CPU-only build
   kIoError = 4,             // a file could not be read or written
   kInternalError = 5,
+  kNonfiniteInput = 6,      // NaN / Inf in the weights or inputs (nonfinite.h), found before running
 };
 
 inline constexpr const char* kExitCodeHelp =
     "Exit codes: 0 ok; 1 verification failed; 2 bad usage or input (including a malformed file or "
     "an existing output without --force); 3 backend unavailable (--device cuda without an sm_90 GPU); "
-    "4 I/O error; 5 internal error.";
+    "4 I/O error; 5 internal error; 6 NaN/Inf in the weights or inputs (named, with the first index).";
 
 // The long help of a subcommand (shown by `mxmoe CMD --help`, after the options), followed by
 // the exit codes.

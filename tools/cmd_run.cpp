@@ -8,6 +8,7 @@
 #include <nlohmann/json.hpp>
 
 #include "cli_common.h"
+#include "nonfinite.h"
 #include "parallel_run.h"
 #include "mxmoe/checkpoint.h"
 #include "mxmoe/error.h"
@@ -86,6 +87,7 @@ int run_layer(const run_args& a) {
   moe_config cfg;
   moe_weights weights;
   std::string source;
+  std::vector<named_tensor> given;  // checked for NaN / Inf before anything runs
   if (!a.checkpoint.empty()) {
     file = std::make_unique<safetensors_reader>(a.checkpoint);
     checkpoint::moe_layer_info info;
@@ -99,6 +101,11 @@ int run_layer(const run_args& a) {
     cfg = checkpoint::layer_config(*file, info);
     weights = checkpoint::mxfp4_weights(*file, info);
     source = a.checkpoint + " layer " + std::to_string(info.layer);
+    const checkpoint::mxfp4_names n = checkpoint::mxfp4_tensor_names(info.prefix);
+    given = {{info.router_weight, weights.router_weight},     {info.router_bias, weights.router_bias},
+             {info.correction_bias, weights.correction_bias}, {info.gate_up_bias, weights.gate_up_bias},
+             {info.down_bias, weights.down_bias},             {n.gate_up_scales, weights.gate_up_scales, true},
+             {n.down_scales, weights.down_scales, true}};
   } else {
     const model_preset* p = find_model_preset(a.preset);
     MXMOE_CHECK_ARG(p != nullptr, "--preset", "one of " + model_preset_names(), a.preset);
@@ -125,8 +132,11 @@ int run_layer(const run_args& a) {
                               kMaxCpuMultiplyAdds / kReferenceMultiplyAddsPerSecond, kReferenceMultiplyAddsPerSecond),
                   fmt::format("T = {}: {:.1e} multiply-adds, about {:.0f} s", tokens, multiply_adds(cfg, tokens),
                               multiply_adds(cfg, tokens) / kReferenceMultiplyAddsPerSecond));
+  check_finite(given);
   const synthetic::layer_inputs in =
       inputs_file ? read_inputs(*inputs_file, cfg) : synthetic::make_inputs(cfg, weights, tokens, a.seed + 1);
+  if (inputs_file)
+    check_finite({{"x of --inputs " + a.inputs, in.x_view()}, {"logits of --inputs " + a.inputs, in.routing().logits}});
   // The CPU backend is f32: only an f64 reference checks it. For the GPU an f32 reference is
   // tight enough (its error is far below the bf16 threshold) and much faster on big shapes.
   const std::optional<cpu::precision> reference =

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "cli_common.h"
+#include "nonfinite.h"
 #include "mxmoe/error.h"
 #include "mxmoe/safetensors.h"
 
@@ -51,6 +52,9 @@ int main(int argc, char** argv) {
   } catch (const mxmoe::format_error& e) {
     fmt::print(stderr, "mxmoe: malformed file: {}\n", e.what());
     return kBadInput;
+  } catch (const nonfinite_input& e) {
+    fmt::print(stderr, "mxmoe: non-finite input: {}\n", e.what());
+    return kNonfiniteInput;
   } catch (const mxmoe::unsupported& e) {
     fmt::print(stderr, "mxmoe: backend unavailable: {}\n", e.what());
     return kBackendUnavailable;

@@ -402,3 +402,64 @@ TEST_F(Cli, MatchScaleRulesReportsProgress) {
   EXPECT_EQ(done, (std::vector<int64_t>{1, 2, 3, 4}));
   EXPECT_EQ(total, 4);
 }
+
+namespace {
+// An MXFP4 checkpoint (E=4, H=64, I=32) with an f32 router: random codes, scales 2^-4..2^0. One
+// router element can be made NaN, one gate_up scale byte 0xFF (a NaN block).
+void write_mxfp4(const std::string& file, int64_t router_nan_at = -1, int64_t nan_scale_at = -1) {
+  const moe_shape shape{4, 64, 32};
+  const std::string p = checkpoint::gpt_oss_prefix(0);
+  std::mt19937 rng(11);
+  std::vector<std::vector<uint8_t>> bytes;
+  std::vector<std::pair<std::string, tensor_view>> tensors;
+  for (const auto& d : checkpoint::mxfp4_layer_decls(p, shape)) {
+    int64_t n = 1;
+    for (int64_t s : d.shape) n *= s;
+    bytes.emplace_back(static_cast<size_t>(n));
+    const bool scales = d.name.find("_scales") != std::string::npos;
+    for (auto& b : bytes.back()) b = static_cast<uint8_t>(scales ? 123 + rng() % 5 : rng() % 256);
+    if (scales && d.name.find("gate_up") != std::string::npos && nan_scale_at >= 0)
+      bytes.back()[static_cast<size_t>(nan_scale_at)] = mx::kE8M0Nan;
+    tensors.emplace_back(d.name, tensor_view(bytes.back().data(), d.type, d.shape));
+  }
+  std::vector<float> router(static_cast<size_t>(shape.experts * shape.hidden));
+  std::normal_distribution<float> normal(0.0f, 0.1f);
+  for (auto& v : router) v = normal(rng);
+  if (router_nan_at >= 0) router[static_cast<size_t>(router_nan_at)] = NAN;
+  tensors.emplace_back(p + "router.weight", tensor_view(router.data(), dtype::f32, {shape.experts, shape.hidden}));
+  write_safetensors(file, tensors);
+}
+}  // namespace
+
+// NaN / Inf in the weights or the inputs is reported as such (exit code 6), naming the tensor as
+// the file names it and the first index, before anything runs, not as a verification failure.
+TEST_F(Cli, RunReportsNonFiniteWeightsAndInputs) {
+  const std::string clean = path("clean.safetensors"), router = path("router.safetensors"), scale = path("scale.safetensors");
+  write_mxfp4(clean);
+  write_mxfp4(router, 64 + 5);
+  write_mxfp4(scale, -1, 2 * 2 + 1);  // expert 0, row 2, block 1 of [E, 2I, H/32]
+  ASSERT_EQ(mxmoe_cmd("run --checkpoint " + clean + " --tokens 2 --device cpu").code, 0);
+
+  const auto expect_nonfinite = [](const std::string& args, const std::string& message) {
+    const result r = mxmoe_cmd(args, true);
+    EXPECT_EQ(r.code, 6) << args << "\n" << r.out;
+    EXPECT_NE(r.out.find(message), std::string::npos) << args << "\n" << r.out;
+    EXPECT_EQ(r.out.find("rel-L2"), std::string::npos) << r.out;
+  };
+  expect_nonfinite("run --checkpoint " + router + " --tokens 2 --device cpu",
+                   "tensor 'model.layers.0.mlp.router.weight' holds NaN at [1, 5]");
+  expect_nonfinite("run --checkpoint " + scale + " --tokens 2 --device cpu",
+                   "tensor 'model.layers.0.mlp.experts.gate_up_proj_scales' holds scale byte 0xFF (NaN) at [0, 2, 1]");
+
+  std::vector<float> x(3 * 64, 0.5f), logits(3 * 4, 0.0f);
+  x[64 + 7] = INFINITY;
+  const std::string inputs = path("acts.safetensors");
+  write_safetensors(inputs, {{"x", tensor_view(x.data(), dtype::f32, {3, 64})}, {"logits", tensor_view(logits.data(), dtype::f32, {3, 4})}});
+  expect_nonfinite("run --checkpoint " + clean + " --inputs " + inputs + " --device cpu",
+                   "tensor 'x of --inputs " + inputs + "' holds Inf at [1, 7]");
+  x[64 + 7] = 0.5f;
+  logits[2] = NAN;
+  write_safetensors(inputs, {{"x", tensor_view(x.data(), dtype::f32, {3, 64})}, {"logits", tensor_view(logits.data(), dtype::f32, {3, 4})}}, {}, true);
+  expect_nonfinite("run --checkpoint " + clean + " --inputs " + inputs + " --device cpu",
+                   "tensor 'logits of --inputs " + inputs + "' holds NaN at [0, 2]");
+}
