@@ -63,7 +63,8 @@ int run_inspect(const inspect_args& a) {
   const safetensors_reader r(a.file);
   std::unique_ptr<safetensors_reader> source;
   if (!a.source.empty()) source = std::make_unique<safetensors_reader>(a.source);
-  const auto layers = checkpoint::find_moe_layers(r);
+  const checkpoint::moe_layer_scan scan = checkpoint::scan_moe_layers(r);
+  const auto& layers = scan.layers;
   nlohmann::json j;
   j["file"] = a.file;
   j["metadata"] = r.metadata();
@@ -79,17 +80,23 @@ int run_inspect(const inspect_args& a) {
                  e.nbytes() / 1048576.0);
   }
   j["moe_layers"] = nlohmann::json::array();
+  j["refused_layers"] = nlohmann::json::array();
+  for (const auto& f : scan.refused) {
+    j["refused_layers"].push_back({{"layer", f.layer}, {"prefix", f.prefix}, {"tensor", f.tensor}, {"reason", f.reason}});
+    if (!a.json) fmt::print("MoE layer {} ({}): refused: {}\n", f.layer, f.prefix, f.reason);
+  }
   for (const auto& l : layers) {
     nlohmann::json lj = {{"layer", l.layer},
                          {"prefix", l.prefix},
-                         {"layout", checkpoint::to_string(l.layout)},
+                         {"layout", checkpoint::layout_label(l)},
+                         {"weight_dtype", to_string(l.weight_type)},
                          {"experts", l.shape.experts},
                          {"hidden", l.shape.hidden},
                          {"intermediate", l.shape.intermediate},
                          {"biases", !l.gate_up_bias.empty() || !l.down_bias.empty()},
                          {"router", l.router_weight}};
     if (!a.json)
-      fmt::print("MoE layer {} ({}): {}, E={} H={} I={}{}{}\n", l.layer, l.prefix, checkpoint::to_string(l.layout),
+      fmt::print("MoE layer {} ({}): {}, E={} H={} I={}{}{}\n", l.layer, l.prefix, checkpoint::layout_label(l),
                  l.shape.experts, l.shape.hidden, l.shape.intermediate, l.gate_up_bias.empty() ? "" : ", biases",
                  l.router_weight.empty() ? "" : ", router " + l.router_weight);
     if (l.layout == checkpoint::moe_layout::mxfp4_gpt_oss) {
@@ -121,6 +128,10 @@ int run_inspect(const inspect_args& a) {
     j["moe_layers"].push_back(lj);
   }
   if (a.json) fmt::print("{}\n", j.dump(2));
+  if (!scan.refused.empty()) {
+    fmt::print(stderr, "mxmoe: {} MoE layer{} refused (listed above)\n", scan.refused.size(), scan.refused.size() == 1 ? "" : "s");
+    return kBadInput;
+  }
   return kOk;
 }
 

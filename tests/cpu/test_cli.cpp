@@ -463,3 +463,47 @@ TEST_F(Cli, RunReportsNonFiniteWeightsAndInputs) {
   expect_nonfinite("run --checkpoint " + clean + " --inputs " + inputs + " --device cpu",
                    "tensor 'logits of --inputs " + inputs + "' holds NaN at [0, 2]");
 }
+
+// inspect lists what it can read and marks what it refuses (exit code 2 when something was
+// refused); layers are labelled with their own element type.
+TEST_F(Cli, InspectListsWhatItCanReadAndMarksWhatItRefuses) {
+  const std::string good = write_per_expert("f16.safetensors", 64, 32, 12, dtype::f16);
+  const result f16 = mxmoe_cmd("inspect " + good + " --json");
+  ASSERT_EQ(f16.code, 0) << f16.out;
+  const auto fj = nlohmann::json::parse(f16.out);
+  EXPECT_EQ(fj["moe_layers"][0]["weight_dtype"], "f16");
+  EXPECT_EQ(fj["moe_layers"][0]["layout"].get<std::string>().rfind("f16 ", 0), 0u) << fj["moe_layers"][0]["layout"];
+  const result f16_text = mxmoe_cmd("inspect " + good);
+  EXPECT_NE(f16_text.out.find("f16 (per-expert"), std::string::npos) << f16_text.out;
+  EXPECT_EQ(f16_text.out.find("bf16"), std::string::npos) << f16_text.out;
+
+  // Layer 0: gpt-oss fused with an I32 down_proj; layer 1: a per-expert layer that is fine.
+  const int64_t E = 2, H = 32, I = 32;
+  std::vector<uint16_t> gu(static_cast<size_t>(E * H * 2 * I), float_to_bf16(0.25f)), w(static_cast<size_t>(I * H), float_to_bf16(0.5f));
+  std::vector<int32_t> bad(static_cast<size_t>(E * I * H), 1);
+  std::vector<std::pair<std::string, tensor_view>> t{
+      {"model.layers.0.mlp.experts.gate_up_proj", tensor_view(gu.data(), dtype::bf16, {E, H, 2 * I})},
+      {"model.layers.0.mlp.experts.down_proj", tensor_view(bad.data(), dtype::i32, {E, I, H})}};
+  for (int e = 0; e < 2; ++e)
+    for (const char* part : {"gate_proj", "up_proj", "down_proj"})
+      t.emplace_back("model.layers.1.mlp.experts." + std::to_string(e) + "." + part + ".weight",
+                     tensor_view(w.data(), dtype::bf16, {I, H}));
+  const std::string mixed = path("mixed.safetensors");
+  write_safetensors(mixed, t);
+  const result r = mxmoe_cmd("inspect " + mixed, true);
+  EXPECT_EQ(r.code, 2) << r.out;
+  EXPECT_NE(r.out.find("model.layers.0.mlp.experts.down_proj"), std::string::npos) << r.out;  // listed
+  EXPECT_NE(r.out.find("I32"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("MoE layer 0 (model.layers.0.mlp.): refused:"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("MoE layer 1 (model.layers.1.mlp.): bf16 (per-expert"), std::string::npos) << r.out;
+  const result rj = mxmoe_cmd("inspect " + mixed + " --json");
+  EXPECT_EQ(rj.code, 2);
+  const auto j = nlohmann::json::parse(rj.out);
+  EXPECT_EQ(j["tensors"].size(), 8u);
+  ASSERT_EQ(j["moe_layers"].size(), 1u);
+  EXPECT_EQ(j["moe_layers"][0]["layer"], 1);
+  ASSERT_EQ(j["refused_layers"].size(), 1u);
+  EXPECT_EQ(j["refused_layers"][0]["layer"], 0);
+  EXPECT_EQ(j["refused_layers"][0]["tensor"], "model.layers.0.mlp.experts.down_proj");
+  EXPECT_NE(j["refused_layers"][0]["reason"].get<std::string>().find("I32"), std::string::npos);
+}
