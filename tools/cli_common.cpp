@@ -1,12 +1,14 @@
 // The --device/--rule options, the progress bar and the verified run shared by the subcommands.
 #include "cli_common.h"
 
+#include <fmt/core.h>
 #include <unistd.h>
 
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
 
+#include "mxmoe/cuda.h"
 #include "mxmoe/error.h"
 
 namespace mxmoe::cli {
@@ -98,10 +100,30 @@ CLI::Option* add_rule_option(CLI::App* cmd, mx::scale_rule* target) {
       ->option_text("floor|even|rceil|mse");
 }
 
+std::string tolerance_text(double v) {
+  std::string s = fmt::format("{:.1e}", v);  // "4.0e-03"
+  if (s.compare(1, 2, ".0") == 0) s.erase(1, 2);
+  const size_t e = s.find("e-0");
+  if (e != std::string::npos) s.erase(e + 2, 1);
+  return s;
+}
+
+std::string thresholds_text() {
+  const forward_tolerance cpu = tolerance_for(device_kind::cpu), gpu = tolerance_for(device_kind::cuda);
+  return "rel-L2 " + tolerance_text(cpu.rel_l2) + " for the f32 CPU backend; rel-L2 " + tolerance_text(gpu.rel_l2) +
+         " and max error " + tolerance_text(gpu.max_err_rel) + " x max|ref| for the bf16 GPU layer";
+}
+
 backend_choice choose_device(backend_request request) {
   try {
     backend_choice b = choose_backend(request);
-    if (request != backend_request::automatic) b.reason = "--device " + b.reason;
+    if (request != backend_request::automatic) {
+      b.reason = "--device " + b.reason;
+    } else if (b.device == device_kind::cpu) {
+      std::string why;
+      cuda::available(&why);
+      b.reason = "no usable sm_90 GPU or CUDA driver was found, so the CPU backend runs (detail: " + why + ")";
+    }
     return b;
   } catch (const unsupported& e) {
     throw unsupported(std::string("--device ") + e.what());

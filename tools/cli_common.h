@@ -53,11 +53,17 @@ CLI::Validator existing_file();
 // (--force) is the command's check.
 CLI::Validator output_path();
 
+// A tolerance as help and docs write it: 1e-4, 4e-3, 1.5e-2.
+std::string tolerance_text(double v);
+// The verification thresholds of both backends, from tolerance_for (verify.h), for --help.
+std::string thresholds_text();
+
 // Adds `--device auto|cpu|cuda` to `cmd`.
 void add_device_option(CLI::App* cmd, backend_request* target);
 
 // choose_backend (forward.h) in the CLI's words: an explicit request's reason and error name the
-// --device flag. cuda without a GPU throws mxmoe::unsupported (exit code 3).
+// --device flag; auto without a usable GPU says so plainly, the CUDA error as detail. cuda
+// without a GPU throws mxmoe::unsupported (exit code 3).
 backend_choice choose_device(backend_request request);
 
 // Adds `--rule floor|even|rceil|mse` to `cmd`.

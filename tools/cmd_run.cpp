@@ -203,13 +203,12 @@ int run_layer(const run_args& a) {
 command add_run_command(CLI::App& root) {
   auto a = std::make_shared<run_args>();
   CLI::App* cmd = root.add_subcommand("run", "Run one MoE layer on cuda or cpu and verify it against the reference");
-  set_details(cmd,
+  set_details(cmd, std::string() +
       "Runs one MoE layer — from an MXFP4 checkpoint (--checkpoint, --layer) or a model preset with synthetic MXFP4 "
       "weights (--preset; --experts shrinks E to fit host memory) — on the chosen backend, then checks the output "
       "against the CPU reference (cpu::moe_forward in float64; float32 for GPU runs of more than 4e9 multiply-adds "
-      "unless --reference f64) on the same weights and inputs. Prints rel-L2 and max abs error and the threshold "
-      "(rel-L2 1e-4 for the f32 CPU backend; rel-L2 4e-3 and max error 1.5e-2 x max|ref| for the bf16 GPU layer); "
-      "exit code 1 when it fails.\n"
+      "unless --reference f64; none: not verified) on the same weights and inputs. Prints rel-L2 and max abs error "
+      "and the threshold (" + thresholds_text() + "); exit code 1 when it fails.\n"
       "Inputs: --inputs F with tensors \"x\" [T, H] and \"logits\" [T, E] (any float dtype; x is rounded to bf16), "
       "or generated from --seed (x ~ N(0,1); logits from the checkpoint's router weights when present, else N(0,1)).\n"
       "The routing and activation come from the checkpoint's mxmoe.moe_config metadata (written by quantize), else "

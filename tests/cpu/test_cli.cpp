@@ -11,6 +11,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <nlohmann/json.hpp>
 #include <map>
 #include <random>
@@ -22,6 +23,7 @@
 #include "mxmoe/mx.h"
 #include "mxmoe/quantize.h"
 #include "mxmoe/safetensors.h"
+#include "mxmoe/verify.h"
 
 namespace fs = std::filesystem;
 using namespace mxmoe;
@@ -506,4 +508,60 @@ TEST_F(Cli, InspectListsWhatItCanReadAndMarksWhatItRefuses) {
   EXPECT_EQ(j["refused_layers"][0]["layer"], 0);
   EXPECT_EQ(j["refused_layers"][0]["tensor"], "model.layers.0.mlp.experts.down_proj");
   EXPECT_NE(j["refused_layers"][0]["reason"].get<std::string>().find("I32"), std::string::npos);
+}
+
+namespace {
+// 4e-3, 1.5e-2: how help and docs write a tolerance.
+std::string tolerance_text(double v) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.1e", v);
+  std::string s = buf;
+  if (s.compare(1, 2, ".0") == 0) s.erase(1, 2);
+  const size_t e = s.find("e-0");
+  if (e != std::string::npos) s.erase(e + 2, 1);
+  return s;
+}
+}  // namespace
+
+// Output matches the docs: thresholds from tolerance_for (verify.h) in help and docs/cli.md,
+// --json failures as a JSON error object, the no-GPU reason in plain words.
+TEST_F(Cli, HelpDocsAndJsonErrorsAgreeWithTheProgram) {
+  std::ifstream doc_file(std::string(MXMOE_SOURCE_DIR) + "/docs/cli.md");
+  const std::string docs((std::istreambuf_iterator<char>(doc_file)), std::istreambuf_iterator<char>());
+  const result help = mxmoe_cmd("run --help");
+  const forward_tolerance cpu = tolerance_for(device_kind::cpu), gpu = tolerance_for(device_kind::cuda);
+  for (const std::string& t : {"rel-L2 " + tolerance_text(cpu.rel_l2), "rel-L2 " + tolerance_text(gpu.rel_l2),
+                               "max error " + tolerance_text(gpu.max_err_rel)}) {
+    EXPECT_NE(help.out.find(t), std::string::npos) << t << "\n" << help.out;
+    EXPECT_NE(docs.find(t), std::string::npos) << t << " not in docs/cli.md";
+  }
+
+  // --json: a failing command still prints one JSON document on stdout.
+  const result bad = mxmoe_cmd("run --preset qwen3-30b-a3b --experts 8 --tokens 0 --device cpu --json");
+  EXPECT_EQ(bad.code, 2);
+  const auto j = nlohmann::json::parse(bad.out);
+  EXPECT_EQ(j["exit_code"], 2);
+  EXPECT_EQ(j["argument"], "--tokens");
+  EXPECT_NE(j["error"].get<std::string>().find("expected an integer in [1, 1048576]"), std::string::npos) << j;
+  const result missing = mxmoe_cmd("run --preset no-such --device cpu --json");
+  EXPECT_EQ(missing.code, 2);
+  EXPECT_EQ(nlohmann::json::parse(missing.out)["argument"], "--preset");
+  const std::string junk = path("junk.safetensors");
+  { std::ofstream(junk) << "not a safetensors file"; }
+  const result malformed = mxmoe_cmd("inspect " + junk + " --json");
+  EXPECT_EQ(malformed.code, 2);
+  const auto mj = nlohmann::json::parse(malformed.out);
+  EXPECT_EQ(mj["exit_code"], 2);
+  EXPECT_EQ(mj["file"], junk);
+
+  // Without a usable GPU the demo says so plainly, the CUDA error only as detail.
+  std::string why;
+  if (!cuda::available(&why)) {
+    const result demo = mxmoe_cmd("demo --tokens 4");
+    EXPECT_EQ(demo.code, 0);
+    EXPECT_NE(demo.out.find("no usable sm_90 GPU or CUDA driver was found, so the CPU backend runs (detail: "),
+              std::string::npos) << demo.out;
+    EXPECT_NE(docs.find("no usable sm_90 GPU or CUDA driver was found, so the CPU backend runs (detail: "),
+              std::string::npos);
+  }
 }
