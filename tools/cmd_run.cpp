@@ -88,6 +88,7 @@ int run_layer(const run_args& a) {
   moe_weights weights;
   std::string source;
   std::vector<named_tensor> given;  // checked for NaN / Inf before anything runs
+  bool preset_biases = false;       // synthetic weights are made once the work is known to be bounded
   if (!a.checkpoint.empty()) {
     file = std::make_unique<safetensors_reader>(a.checkpoint);
     checkpoint::moe_layer_info info;
@@ -111,12 +112,10 @@ int run_layer(const run_args& a) {
     MXMOE_CHECK_ARG(p != nullptr, "--preset", "one of " + model_preset_names(), a.preset);
     cfg = p->config;
     if (a.experts > 0) cfg.shape.experts = a.experts;
-    synthetic = synthetic::make_layer(cfg, {.biases = p->has_biases}, a.seed);
-    weights = synthetic.weights();
+    preset_biases = p->has_biases;
     source = "preset " + a.preset + " (synthetic weights, E=" + std::to_string(cfg.shape.experts) + ")";
   }
   validate(cfg);
-  validate(weights, cfg);
   std::unique_ptr<safetensors_reader> inputs_file;
   if (!a.inputs.empty()) inputs_file = std::make_unique<safetensors_reader>(a.inputs);
   const int64_t tokens = inputs_file ? input_tokens(*inputs_file, cfg) : a.tokens < 0 ? 16 : a.tokens;
@@ -132,6 +131,11 @@ int run_layer(const run_args& a) {
                               kMaxCpuMultiplyAdds / kReferenceMultiplyAddsPerSecond, kReferenceMultiplyAddsPerSecond),
                   fmt::format("T = {}: {:.1e} multiply-adds, about {:.0f} s", tokens, multiply_adds(cfg, tokens),
                               multiply_adds(cfg, tokens) / kReferenceMultiplyAddsPerSecond));
+  if (!a.preset.empty()) {
+    synthetic = synthetic::make_layer(cfg, {.biases = preset_biases}, a.seed);
+    weights = synthetic.weights();
+  }
+  validate(weights, cfg);
   check_finite(given);
   const synthetic::layer_inputs in =
       inputs_file ? read_inputs(*inputs_file, cfg) : synthetic::make_inputs(cfg, weights, tokens, a.seed + 1);
