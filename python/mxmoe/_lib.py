@@ -1,15 +1,22 @@
-"""ctypes binding of the C ABI in ``include/mxmoe/c_api.h`` (``libmxmoe_c.so``).
+"""ctypes binding of the C ABI in ``include/mxmoe/c_api.h`` (``libmxmoe_c.so``), and the
+extension module ``mxmoe._hotpath`` (``_hotpath.abi3.so``, python/native/hotpath.c) that runs the
+per-call path (the forward, torch tensors read) in C over the same library.
 
 The library is found, in order, at ``$MXMOE_LIBRARY`` (a path to the .so: for a build tree that
-was not pip-installed) or next to this file (where ``pip install ./python`` puts it). Nothing is
+was not pip-installed) or next to this file (where ``pip install ./python`` puts it); the
+extension next to the library (the build puts both in build/lib/). Both are required: without
+the extension ``import mxmoe`` fails saying so; there is no pure-Python fallback. Nothing is
 compiled at import.
 """
 
 from __future__ import annotations
 
 import ctypes
+import importlib.machinery
+import importlib.util
 import os
 import struct
+import sys
 from ctypes import POINTER, c_char_p, c_int32, c_int64, c_size_t, c_uint32, c_void_p
 from pathlib import Path
 
@@ -272,8 +279,31 @@ def _load() -> ctypes.CDLL:
     return lib
 
 
+HOTPATH_FILE = "_hotpath.abi3.so"
+
+
+def _load_hotpath(library: Path):
+    path = library.with_name(HOTPATH_FILE)
+    if not path.is_file():
+        raise ImportError(
+            f"mxmoe: the extension module {HOTPATH_FILE} is not at {path} (next to {library.name}): reinstall the "
+            "package with `pip install ./python`, or build it into the same folder as the library "
+            "(`cmake --build build --target mxmoe_hotpath`: it needs the Python headers, Debian's python3-dev)"
+        )
+    name = f"{__package__}._hotpath"
+    loader = importlib.machinery.ExtensionFileLoader(name, str(path))
+    module = importlib.util.module_from_spec(importlib.util.spec_from_file_location(name, path, loader=loader))
+    loader.exec_module(module)
+    if module.ABI_VERSION != ABI_VERSION:
+        raise ImportError(f"mxmoe: {path} was built for C ABI version {module.ABI_VERSION}, this package expects "
+                          f"{ABI_VERSION}: rebuild it with the library")
+    sys.modules[name] = module
+    return module
+
+
 lib = _load()
 library_path = _library_path()
+hotpath = _load_hotpath(library_path)
 
 _EXCEPTIONS = {ERR_UNSUPPORTED: Unsupported, ERR_OUT_OF_MEMORY: OutOfMemory, ERR_RUNTIME: RuntimeFailure,
                ERR_FORMAT: FormatError, ERR_CANCELLED: Cancelled}
@@ -288,6 +318,14 @@ def raise_last_error(status: int) -> None:
     if status == ERR_IO:
         raise IOFailure(lib.mxmoe_last_error_code(), message)
     raise _EXCEPTIONS.get(status, Error)(message)
+
+
+def _address(fn) -> int:
+    return ctypes.cast(fn, c_void_p).value
+
+
+hotpath.bind(forward=_address(lib.mxmoe_moe_forward), workspace_bytes=_address(lib.mxmoe_moe_workspace_bytes),
+             device=_address(lib.mxmoe_moe_device), raise_last_error=raise_last_error, invalid=invalid)
 
 
 def check(status: int) -> None:

@@ -126,7 +126,9 @@ def device_name(device: tuple[int, int]) -> str:
 
 # Host-memory tensors of the CUDA layer (mxmoe/cuda.h: biases and router tensors).
 _HOST_ONLY = ("gate_up_bias", "down_bias", "router_weight", "router_bias", "correction_bias")
-_live_layers: "weakref.WeakValueDictionary[int, PreparedMoE]" = weakref.WeakValueDictionary()
+# id -> the layer, for torch ops (which name a layer by PreparedMoE.id): a plain dict of weak
+# references, read by the extension without calling into Python; an entry goes with its layer.
+_live_layers: "dict[int, weakref.ref[PreparedMoE]]" = {}
 _layer_ids = itertools.count(1)
 
 
@@ -143,7 +145,7 @@ class PreparedMoE(_lib.Owned):
         self._device = device
         self.id = next(_layer_ids)  # how torch ops (mxmoe.torch) name this layer
         self._workspace_bytes: dict[int, int] = {}
-        _live_layers[self.id] = self
+        _live_layers[self.id] = weakref.ref(self, lambda _, layer_id=self.id: _live_layers.pop(layer_id, None))
 
     @property
     def device(self) -> str:
@@ -325,48 +327,23 @@ def moe_forward(
             dtype.
         workspace: CUDA: device memory of at least ``layer.workspace_bytes(T)`` bytes; default:
             allocated from torch's caching allocator for torch tensors.
+        stream: a ``cudaStream_t`` as an int; default: torch's current stream of x's device for
+            torch tensors, else the legacy default stream.
 
-    CUDA: no host synchronization; capturable in a CUDA graph; bitwise deterministic.
+    Returns ``out``. CUDA: no host synchronization; capturable in a CUDA graph; bitwise
+    deterministic. The call runs in the extension (mxmoe._hotpath), which releases the GIL while
+    the library runs.
     """
-    handle = layer._handle or layer._live_handle()
-    view = _tensor.view
-    xc = view(x, "x", stream=stream)
-    if out is None:
-        out = _tensor.empty_like(x, "out")
-    ws_ptr, ws_bytes = None, 0
-    if layer._device[0] == _lib.DEVICE_CUDA:
-        if workspace is None:
-            if not _tensor.is_torch(x):
-                tokens = (_lib.unpack_tensor(xc)[4] or (0,))[0]
-                raise invalid("workspace", f"device memory of {layer.workspace_bytes(tokens)} bytes", "none")
-            workspace = _tensor.empty(x, (layer.workspace_bytes(x.shape[0] if x.dim() else 0),), _lib.U8,
-                                      "workspace")
-        ws_ptr, ws_bytes, ws_device = _tensor.buffer(workspace, "workspace")
-        if ws_device != layer._device:
-            x_device = _tensor.device_of(x)
-            if x_device != layer._device:  # the default workspace follows x: name the cause
-                raise invalid("x", f"memory on {layer.device} (where the layer is)", f"memory on {device_name(x_device)}")
-            raise invalid("workspace", f"memory on {layer.device} (where the layer is)",
-                          f"memory on {device_name(ws_device)}")
-    status = _lib.lib.mxmoe_moe_forward(
-        handle,
-        xc,
-        view(logits, "routing.logits", stream=stream),
-        view(topk_ids, "routing.ids", stream=stream),
-        view(topk_weights, "routing.weights", stream=stream),
-        view(out, "out", writable=True, stream=stream),
-        ws_ptr,
-        ws_bytes,
-        _tensor.current_stream(x, stream),
-    )
-    if status:
-        _lib.raise_last_error(status)
-    return out
+    return _lib.hotpath.moe_forward(layer, x, logits, topk_ids, topk_weights, out, workspace, stream)
 
 
 def live_layer(layer_id: int) -> PreparedMoE:
     """The prepared layer a torch op names by id; InvalidArgument when it was freed."""
-    layer = _live_layers.get(layer_id)
+    ref = _live_layers.get(layer_id)
+    layer = ref() if ref is not None else None
     if layer is None or not layer._handle:
         raise invalid("layer", "a live PreparedMoE", f"id {layer_id}, which was closed or collected")
     return layer
+
+
+_lib.hotpath.bind(live_layers=_live_layers, live_layer=live_layer)
