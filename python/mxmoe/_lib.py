@@ -23,7 +23,7 @@ from pathlib import Path
 from ._errors import (Cancelled, Error, FormatError, InvalidArgument, IOFailure, OutOfMemory, RuntimeFailure,
                       Unsupported, invalid)
 
-ABI_VERSION = 2  # MXMOE_C_ABI_VERSION of the header these declarations mirror
+ABI_VERSION = 3  # MXMOE_C_ABI_VERSION of the header these declarations mirror
 MAX_RANK = 8
 
 # Status codes
@@ -138,6 +138,17 @@ class VerifyResultC(ctypes.Structure):
     ]
 
 
+class PrepareOptionsC(ctypes.Structure):
+    """mxmoe_prepare_options."""
+
+    _fields_ = [
+        ("expert_map", POINTER(c_int32)),
+        ("expert_map_size", c_int64),
+        ("tp_rank", c_int32),
+        ("tp_ranks", c_int32),
+    ]
+
+
 OPTIONAL_DTYPE_FIELDS = ("gate_up_bias", "down_bias", "router_weight", "router_bias", "correction_bias")
 
 
@@ -208,6 +219,13 @@ _PROTOTYPES = {
     "mxmoe_quantize": (c_int32, [TensorP, c_int32, c_int32, TensorP, TensorP, POINTER(QuantStatsC), c_void_p, c_void_p]),
     "mxmoe_dequantize": (c_int32, [TensorP, TensorP, c_int32, TensorP, c_void_p]),
     "mxmoe_moe_prepare": (c_int32, [POINTER(MoeConfigC), POINTER(MoeWeightsC), c_int32, c_int32, POINTER(c_void_p)]),
+    "mxmoe_moe_prepare_with_options": (
+        c_int32, [POINTER(MoeConfigC), POINTER(MoeWeightsC), POINTER(PrepareOptionsC), c_int32, c_int32,
+                  POINTER(c_void_p)]),
+    "mxmoe_moe_config_of": (c_int32, [c_void_p, POINTER(MoeConfigC)]),
+    "mxmoe_moe_expert_map": (c_int32, [c_void_p, POINTER(c_int32), c_int64, POINTER(c_int64)]),
+    "mxmoe_shard_intermediate": (c_int32, [c_int64, c_int32, c_int32, POINTER(c_int64), POINTER(c_int64)]),
+    "mxmoe_contiguous_expert_map": (c_int32, [c_int64, c_int32, c_int32, POINTER(c_int32)]),
     "mxmoe_moe_free": (None, [c_void_p]),
     "mxmoe_moe_device": (c_int32, [c_void_p, POINTER(c_int32), POINTER(c_int32)]),
     "mxmoe_moe_workspace_bytes": (c_int32, [c_void_p, c_int64, POINTER(c_int64)]),
