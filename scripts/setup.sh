@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Set up and build mxmoe on a fresh Debian/Ubuntu machine. Idempotent: a second run only
 # rebuilds what changed.
-#   1. Debian packages (only those missing): compiler, CMake, Ninja, GoogleTest, CLI11,
+#   1. Debian packages (only those missing): compiler, CMake, Ninja, the Python headers (for the
+#      package's extension module), GoogleTest, CLI11,
 #      nlohmann-json, fmt.
 #   2. CUTLASS/CuTe headers from the PyPI nvidia-cutlass wheel (pinned) into .deps/cutlass,
 #      unless MXMOE_CUTLASS_DIR points at a CUTLASS checkout already. Only with nvcc present.
@@ -14,7 +15,7 @@ cd "$(dirname "$0")/.."
 CUTLASS_VERSION=4.2.0.0
 SKBUILD_CORE_VERSION=1.1.2
 BUILD_DIR=${MXMOE_BUILD_DIR:-build}
-PKGS=(g++ cmake ninja-build python3 python3-pip unzip libgtest-dev libcli11-dev nlohmann-json3-dev libfmt-dev)
+PKGS=(g++ cmake ninja-build python3 python3-pip python3-dev unzip libgtest-dev libcli11-dev nlohmann-json3-dev libfmt-dev)
 
 missing=()
 for p in "${PKGS[@]}"; do dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p"); done

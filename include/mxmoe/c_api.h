@@ -33,7 +33,7 @@ extern "C" {
 #define MXMOE_C_EXPORT __attribute__((visibility("default")))
 #endif
 
-#define MXMOE_C_ABI_VERSION 2
+#define MXMOE_C_ABI_VERSION 3 /* 3: prepare options (expert maps, tensor-parallel shards) */
 #define MXMOE_MAX_RANK 8
 
 typedef int32_t mxmoe_status;
@@ -155,6 +155,35 @@ typedef struct mxmoe_moe mxmoe_moe;
  * tensors in host memory). */
 MXMOE_C_EXPORT mxmoe_status mxmoe_moe_prepare(const mxmoe_moe_config* cfg, const mxmoe_moe_weights* weights,
                                               int32_t device_type, int32_t device_id, mxmoe_moe** layer);
+/* mxmoe::prepare_options (forward.h, shard.h, docs/parallel.md): what part of the layer a prepared
+ * layer holds. All zero (or a NULL options pointer) holds all of it. */
+typedef struct mxmoe_prepare_options {
+  /* NULL, or E entries: expert_map[e] = global expert e's index in the weights' expert dimension
+   * (the expert tensors and their biases then hold E_held experts, in that order), -1 for an
+   * expert held elsewhere (a slot routed there contributes 0); router tensors keep all E. */
+  const int32_t* expert_map;
+  int64_t expert_map_size; /* entries of expert_map (0 with NULL) */
+  /* Tensor parallelism along I: tp_ranks > 1 cuts shard tp_rank out of the given (host, MXFP4)
+   * weights, holding the 32-blocks of I that layout::even_split puts there (the layer's config
+   * then has I = I_r; the down bias lives on rank 0). tp_ranks 0 or 1: all of I. */
+  int32_t tp_rank, tp_ranks;
+} mxmoe_prepare_options;
+/* mxmoe_moe_prepare with options (NULL: as mxmoe_moe_prepare). Errors name "expert_map",
+ * "tp.rank", "tp.ranks" or the weight that does not fit them. */
+MXMOE_C_EXPORT mxmoe_status mxmoe_moe_prepare_with_options(const mxmoe_moe_config* cfg, const mxmoe_moe_weights* weights,
+                                                           const mxmoe_prepare_options* options, int32_t device_type,
+                                                           int32_t device_id, mxmoe_moe** layer);
+/* The prepared layer's configuration (a tensor-parallel shard's has I = I_r), and its expert map:
+ * *size = its entries (0: every expert); written into map when capacity >= *size (map may be NULL
+ * to ask the size). */
+MXMOE_C_EXPORT mxmoe_status mxmoe_moe_config_of(const mxmoe_moe* layer, mxmoe_moe_config* cfg);
+MXMOE_C_EXPORT mxmoe_status mxmoe_moe_expert_map(const mxmoe_moe* layer, int32_t* map, int64_t capacity, int64_t* size);
+/* shard.h: the first intermediate index and the size I_r of TP shard `rank` of `ranks` for a layer
+ * of I = intermediate; the expert map (E entries) of `rank` under the contiguous placement of
+ * `experts` experts over `ranks` ranks (expert_map_of(contiguous_owners(E, ranks), rank)). */
+MXMOE_C_EXPORT mxmoe_status mxmoe_shard_intermediate(int64_t intermediate, int32_t rank, int32_t ranks, int64_t* begin,
+                                                     int64_t* size);
+MXMOE_C_EXPORT mxmoe_status mxmoe_contiguous_expert_map(int64_t experts, int32_t ranks, int32_t rank, int32_t* map);
 MXMOE_C_EXPORT void mxmoe_moe_free(mxmoe_moe* layer); /* NULL is a no-op */
 MXMOE_C_EXPORT mxmoe_status mxmoe_moe_device(const mxmoe_moe* layer, int32_t* device_type, int32_t* device_id);
 /* Bytes of workspace forward needs for up to max_tokens tokens (0 for the CPU backend), and the

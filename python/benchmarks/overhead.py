@@ -8,17 +8,24 @@ Every path is timed the same way: batches of --iters calls (no synchronization i
 the device is synchronized before and after each), --repeats batches, the median per call. On
 CUDA that is the time to enqueue a forward; batches stay short so that the GPU never holds the
 host back (--iters * kernels per forward is far below the launch queue's depth).
-  cxx        mxmoe::moe_forward called from a C++ loop (mxmoe_moe_forward_timed): the library
-  c_abi      mxmoe_moe_forward through ctypes with every argument prepared beforehand
-  direct     mxmoe.moe_forward(layer, x, logits=..., out=..., workspace=...): plus the tensor views
-  alloc      mxmoe.moe_forward(layer, x, logits=...): plus allocating out (and the workspace)
-  torch_op   mxmoe.torch.moe_forward: plus the PyTorch dispatcher (torch.ops.mxmoe.moe_forward)
-  graph      CUDA only: one replay of a CUDA graph holding one forward (no Python per forward)
+  cxx         mxmoe::moe_forward called from a C++ loop (mxmoe_moe_forward_timed): the library
+  c_abi       mxmoe_moe_forward through ctypes with every argument prepared beforehand
+  hotpath     the extension's forward (mxmoe._hotpath.moe_forward) called directly, out and
+              workspace given: the tensors read, the stream queried, the GIL released
+  direct      mxmoe.moe_forward(layer, x, logits=..., out=..., workspace=...): plus its Python frame
+  alloc       mxmoe.moe_forward(layer, x, logits=...): plus allocating out (and the workspace)
+  torch_noop  an empty operator of moe_forward's schema, defined and called the same way (its
+              kernel returns a preallocated tensor): what torch.library dispatch itself costs
+  torch_op    mxmoe.torch.moe_forward: torch.ops.mxmoe.moe_forward, dispatch plus the alloc path
+  graph       CUDA only: one replay of a CUDA graph holding one forward (no Python per forward)
 "added" is each path minus cxx: what Python adds to a forward; the target is <= 5 us for direct
-and torch_op on the GPU machine at T = 1. On CUDA it also prints the GPU time of one forward
-(CUDA events around graph replays). The layer is synthetic (mxmoe.synthetic_layer) of the
---preset shape with --experts experts. Without a usable GPU, --device cuda prints SKIPPED with
-the reason (and writes it to --json) and exits 0.
+and torch_op on the GPU machine at T = 1; "ours" is torch_op minus torch_noop minus cxx (what mxmoe
+adds inside the operator). The pieces (one call each, same timing): reading one tensor by the
+extension (hotpath.torch_view: one to_dlpack capsule, packed), the same fields read from Python
+attributes (the route the ctypes path took), torch.empty_like(x), torch's current-stream query
+(CUDA). On CUDA it also prints the GPU time of one forward (CUDA events around graph replays). The
+layer is synthetic (mxmoe.synthetic_layer) of the --preset shape with --experts experts. Without a
+usable GPU, --device cuda prints SKIPPED with the reason (and writes it to --json) and exits 0.
 """
 
 from __future__ import annotations
@@ -74,6 +81,17 @@ def gpu_us_per_forward(graph, n: int = 200) -> float:
     return start.elapsed_time(end) * 1e3 / n
 
 
+def _noop_op(out: torch.Tensor):
+    """torch.ops.mxmoe_bench.noop: moe_forward's schema, defined like mxmoe.torch defines its ops
+    (Library.define / impl for CPU and CUDA), its kernel returning ``out``."""
+    lib = torch.library.Library("mxmoe_bench", "DEF")
+    lib.define("noop(Tensor x, Tensor? logits, Tensor? topk_ids, Tensor? topk_weights, int layer) -> Tensor")
+    for key in ("CPU", "CUDA"):
+        lib.impl("noop", lambda x, logits, topk_ids, topk_weights, layer: out, key)
+    _noop_op.lib = lib  # the registration lives as long as the Library object
+    return torch.ops.mxmoe_bench.noop.default
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--device", default="cuda")
@@ -115,16 +133,27 @@ def main() -> int:
     stream = torch.cuda.current_stream().cuda_stream if cuda else None
     handle, forward = layer._handle, _lib.lib.mxmoe_moe_forward
     call_args = (handle, views[0], views[1], None, None, views[2], ws.data_ptr(), nbytes, stream)
+    hot = _lib.hotpath.moe_forward
+    noop = _noop_op(out)
 
     def c_abi():
         forward(*call_args)
 
     paths = {
         "c_abi": c_abi,
+        "hotpath": lambda: hot(layer, x, logits, None, None, out, ws, None),
         "direct": lambda: mxmoe.moe_forward(layer, x, logits=logits, out=out, workspace=ws),
         "alloc": lambda: mxmoe.moe_forward(layer, x, logits=logits),
+        "torch_noop": lambda: noop(x, logits, None, None, layer.id),
         "torch_op": lambda: mt.moe_forward(layer, x, logits=logits),
     }
+    pieces = {
+        "read_tensor": lambda: _tensor.torch_view(x, "x"),
+        "read_attributes": lambda: (x.data_ptr(), x.dtype, x.is_cuda, x.shape, x.stride()),
+        "empty_like": lambda: torch.empty_like(x),
+    }
+    if cuda:
+        pieces["current_stream"] = lambda: _tensor.current_stream(x, None)
     graph = None
     if cuda:
         for _ in range(3):
@@ -141,14 +170,18 @@ def main() -> int:
         sync()
         results = {"cxx": cxx_per_call_us(call_args, args.iters, args.repeats, sync)}
         results.update({name: per_call_us(fn, args.iters, args.repeats, sync) for name, fn in paths.items()})
+        piece_us = {name: per_call_us(fn, args.iters, args.repeats, lambda: None) for name, fn in pieces.items()}
     base = results["cxx"]
     added = {name: us - base for name, us in results.items() if name != "cxx"}
+    ours = results["torch_op"] - results["torch_noop"] - base
     gpu_us = gpu_us_per_forward(graph) if cuda else None
     where = f"{args.device} ({mxmoe.cuda.device_name(dev.index or 0)})" if cuda else "cpu"
     print(f"{where}, T = {t}, {args.preset} E = {cfg.experts}, H = {cfg.hidden}, I = {cfg.intermediate}, "
           f"top-{cfg.top_k}: host time per forward (us), median of {args.repeats} x {args.iters} calls")
     for name, us in results.items():
-        print(f"  {name:9s} {us:8.2f}" + ("" if name == "cxx" else f"   added {added[name]:+8.2f}"))
+        print(f"  {name:10s} {us:8.2f}" + ("" if name == "cxx" else f"   added {added[name]:+8.2f}"))
+    print(f"  torch_op - torch_noop - cxx (mxmoe's part of the op): {ours:+.2f}")
+    print("  pieces: " + ", ".join(f"{name} {us:.2f}" for name, us in piece_us.items()))
     if gpu_us is not None:
         print(f"  GPU time of one forward: {gpu_us:.2f} us (CUDA events around graph replays)")
     verdict = {name: added[name] <= TARGET_US for name in ("direct", "torch_op")}
@@ -157,6 +190,7 @@ def main() -> int:
     write({"device": args.device, "gpu": mxmoe.cuda.device_name(dev.index or 0) if cuda else None, "tokens": t,
            "preset": args.preset, "experts": cfg.experts, "hidden": cfg.hidden, "intermediate": cfg.intermediate,
            "iters": args.iters, "repeats": args.repeats, "us_per_call": results, "added_us": added,
+           "torch_op_ours_us": ours, "pieces_us": piece_us,
            "gpu_us_per_forward": gpu_us, "target_added_us": TARGET_US, "target_met": verdict,
            "python": sys.version.split()[0], "torch": torch.__version__, "mxmoe": mxmoe.__version__})
     return 0

@@ -26,7 +26,8 @@ from ._errors import (Cancelled, Error, FormatError, InvalidArgument, IOFailure,
                       Unsupported)
 from ._lib import ACTIVATION_KINDS, GATE_UP_ORDERS, ROUTING_KINDS, RULES, SCALE_LAYOUTS
 from ._lib import lib as _native
-from ._moe import MoEConfig, MoEWeights, PreparedMoE, moe_forward, prepare
+from ._moe import (MoEConfig, MoEWeights, PreparedMoE, contiguous_expert_map, moe_forward, prepare,
+                   shard_intermediate)
 from ._quant import QuantStats, dequantize, quantize, scale_shape
 from ._synthetic import Preset, presets, synthetic_inputs, synthetic_layer
 from ._verify import Tolerance, Verification, compare, forward_tolerance, verify
@@ -59,6 +60,7 @@ __all__ = [
     "Unsupported",
     "Verification",
     "compare",
+    "contiguous_expert_map",
     "cuda",
     "dequantize",
     "dequantize_checkpoint",
@@ -70,6 +72,7 @@ __all__ = [
     "quantize",
     "quantize_checkpoint",
     "scale_shape",
+    "shard_intermediate",
     "synthetic_inputs",
     "synthetic_layer",
     "verify",

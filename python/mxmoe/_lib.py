@@ -1,22 +1,29 @@
-"""ctypes binding of the C ABI in ``include/mxmoe/c_api.h`` (``libmxmoe_c.so``).
+"""ctypes binding of the C ABI in ``include/mxmoe/c_api.h`` (``libmxmoe_c.so``), and the
+extension module ``mxmoe._hotpath`` (``_hotpath.abi3.so``, python/native/hotpath.c) that runs the
+per-call path (the forward, torch tensors read) in C over the same library.
 
 The library is found, in order, at ``$MXMOE_LIBRARY`` (a path to the .so: for a build tree that
-was not pip-installed) or next to this file (where ``pip install ./python`` puts it). Nothing is
+was not pip-installed) or next to this file (where ``pip install ./python`` puts it); the
+extension next to the library (the build puts both in build/lib/). Both are required: without
+the extension ``import mxmoe`` fails saying so; there is no pure-Python fallback. Nothing is
 compiled at import.
 """
 
 from __future__ import annotations
 
 import ctypes
+import importlib.machinery
+import importlib.util
 import os
 import struct
+import sys
 from ctypes import POINTER, c_char_p, c_int32, c_int64, c_size_t, c_uint32, c_void_p
 from pathlib import Path
 
 from ._errors import (Cancelled, Error, FormatError, InvalidArgument, IOFailure, OutOfMemory, RuntimeFailure,
                       Unsupported, invalid)
 
-ABI_VERSION = 2  # MXMOE_C_ABI_VERSION of the header these declarations mirror
+ABI_VERSION = 3  # MXMOE_C_ABI_VERSION of the header these declarations mirror
 MAX_RANK = 8
 
 # Status codes
@@ -131,6 +138,17 @@ class VerifyResultC(ctypes.Structure):
     ]
 
 
+class PrepareOptionsC(ctypes.Structure):
+    """mxmoe_prepare_options."""
+
+    _fields_ = [
+        ("expert_map", POINTER(c_int32)),
+        ("expert_map_size", c_int64),
+        ("tp_rank", c_int32),
+        ("tp_ranks", c_int32),
+    ]
+
+
 OPTIONAL_DTYPE_FIELDS = ("gate_up_bias", "down_bias", "router_weight", "router_bias", "correction_bias")
 
 
@@ -201,6 +219,13 @@ _PROTOTYPES = {
     "mxmoe_quantize": (c_int32, [TensorP, c_int32, c_int32, TensorP, TensorP, POINTER(QuantStatsC), c_void_p, c_void_p]),
     "mxmoe_dequantize": (c_int32, [TensorP, TensorP, c_int32, TensorP, c_void_p]),
     "mxmoe_moe_prepare": (c_int32, [POINTER(MoeConfigC), POINTER(MoeWeightsC), c_int32, c_int32, POINTER(c_void_p)]),
+    "mxmoe_moe_prepare_with_options": (
+        c_int32, [POINTER(MoeConfigC), POINTER(MoeWeightsC), POINTER(PrepareOptionsC), c_int32, c_int32,
+                  POINTER(c_void_p)]),
+    "mxmoe_moe_config_of": (c_int32, [c_void_p, POINTER(MoeConfigC)]),
+    "mxmoe_moe_expert_map": (c_int32, [c_void_p, POINTER(c_int32), c_int64, POINTER(c_int64)]),
+    "mxmoe_shard_intermediate": (c_int32, [c_int64, c_int32, c_int32, POINTER(c_int64), POINTER(c_int64)]),
+    "mxmoe_contiguous_expert_map": (c_int32, [c_int64, c_int32, c_int32, POINTER(c_int32)]),
     "mxmoe_moe_free": (None, [c_void_p]),
     "mxmoe_moe_device": (c_int32, [c_void_p, POINTER(c_int32), POINTER(c_int32)]),
     "mxmoe_moe_workspace_bytes": (c_int32, [c_void_p, c_int64, POINTER(c_int64)]),
@@ -272,8 +297,31 @@ def _load() -> ctypes.CDLL:
     return lib
 
 
+HOTPATH_FILE = "_hotpath.abi3.so"
+
+
+def _load_hotpath(library: Path):
+    path = library.with_name(HOTPATH_FILE)
+    if not path.is_file():
+        raise ImportError(
+            f"mxmoe: the extension module {HOTPATH_FILE} is not at {path} (next to {library.name}): reinstall the "
+            "package with `pip install ./python`, or build it into the same folder as the library "
+            "(`cmake --build build --target mxmoe_hotpath`: it needs the Python headers, Debian's python3-dev)"
+        )
+    name = f"{__package__}._hotpath"
+    loader = importlib.machinery.ExtensionFileLoader(name, str(path))
+    module = importlib.util.module_from_spec(importlib.util.spec_from_file_location(name, path, loader=loader))
+    loader.exec_module(module)
+    if module.ABI_VERSION != ABI_VERSION:
+        raise ImportError(f"mxmoe: {path} was built for C ABI version {module.ABI_VERSION}, this package expects "
+                          f"{ABI_VERSION}: rebuild it with the library")
+    sys.modules[name] = module
+    return module
+
+
 lib = _load()
 library_path = _library_path()
+hotpath = _load_hotpath(library_path)
 
 _EXCEPTIONS = {ERR_UNSUPPORTED: Unsupported, ERR_OUT_OF_MEMORY: OutOfMemory, ERR_RUNTIME: RuntimeFailure,
                ERR_FORMAT: FormatError, ERR_CANCELLED: Cancelled}
@@ -288,6 +336,14 @@ def raise_last_error(status: int) -> None:
     if status == ERR_IO:
         raise IOFailure(lib.mxmoe_last_error_code(), message)
     raise _EXCEPTIONS.get(status, Error)(message)
+
+
+def _address(fn) -> int:
+    return ctypes.cast(fn, c_void_p).value
+
+
+hotpath.bind(forward=_address(lib.mxmoe_moe_forward), workspace_bytes=_address(lib.mxmoe_moe_workspace_bytes),
+             device=_address(lib.mxmoe_moe_device), raise_last_error=raise_last_error, invalid=invalid)
 
 
 def check(status: int) -> None:

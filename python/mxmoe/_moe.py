@@ -13,7 +13,7 @@ import itertools
 import struct
 import weakref
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Sequence
 
 from . import _lib, _tensor
 from ._errors import invalid
@@ -126,7 +126,9 @@ def device_name(device: tuple[int, int]) -> str:
 
 # Host-memory tensors of the CUDA layer (mxmoe/cuda.h: biases and router tensors).
 _HOST_ONLY = ("gate_up_bias", "down_bias", "router_weight", "router_bias", "correction_bias")
-_live_layers: "weakref.WeakValueDictionary[int, PreparedMoE]" = weakref.WeakValueDictionary()
+# id -> the layer, for torch ops (which name a layer by PreparedMoE.id): a plain dict of weak
+# references, read by the extension without calling into Python; an entry goes with its layer.
+_live_layers: "dict[int, weakref.ref[PreparedMoE]]" = {}
 _layer_ids = itertools.count(1)
 
 
@@ -137,13 +139,19 @@ class PreparedMoE(_lib.Owned):
 
     _free = "mxmoe_moe_free"
 
-    def __init__(self, handle: int, config: MoEConfig, device: tuple[int, int]):
+    def __init__(self, handle: int, config: MoEConfig | None, device: tuple[int, int]):
+        """``config``: what was prepared; None: the library's (a tensor-parallel shard's has
+        I = I_r)."""
         self._handle = handle
+        if config is None:
+            c = _lib.MoeConfigC()
+            _lib.check(_lib.lib.mxmoe_moe_config_of(handle, ctypes.byref(c)))
+            config = MoEConfig._from_c(c)
         self.config = config
         self._device = device
         self.id = next(_layer_ids)  # how torch ops (mxmoe.torch) name this layer
         self._workspace_bytes: dict[int, int] = {}
-        _live_layers[self.id] = self
+        _live_layers[self.id] = weakref.ref(self, lambda _, layer_id=self.id: _live_layers.pop(layer_id, None))
 
     @property
     def device(self) -> str:
@@ -158,6 +166,15 @@ class PreparedMoE(_lib.Owned):
         if not self._handle:
             raise invalid("layer", "a prepared layer", "a layer that was closed")
         return self._handle
+
+    @property
+    def expert_map(self) -> list[int]:
+        """The experts this layer holds (:func:`prepare`'s ``expert_map``); [] for all of them."""
+        n = ctypes.c_int64()
+        _lib.check(_lib.lib.mxmoe_moe_expert_map(self._live_handle(), None, 0, ctypes.byref(n)))
+        held = (ctypes.c_int32 * n.value)()
+        _lib.check(_lib.lib.mxmoe_moe_expert_map(self._live_handle(), held, n.value, ctypes.byref(n)))
+        return list(held)
 
     @property
     def weight_bytes(self) -> int:
@@ -193,8 +210,10 @@ class PreparedMoE(_lib.Owned):
         return f"PreparedMoE({self.config}, device={self.device!r}{state})"
 
 
-def prepare(config: MoEConfig, *, device: Any = None, **weights: Any) -> PreparedMoE:
-    """Validate and prepare checkpoint-layout MoE weights for the CPU or a CUDA device.
+def prepare(config: MoEConfig, *, device: Any = None, expert_map: Sequence[int] | None = None, tp_rank: int = 0,
+            tp_ranks: int = 1, **weights: Any) -> PreparedMoE:
+    """Validate and prepare checkpoint-layout MoE weights for the CPU or a CUDA device, all of the
+    layer or the part one rank of expert / tensor parallelism holds (docs/parallel.md).
 
     Weights (keyword arguments; torch, numpy or DLPack arrays):
         MXFP4: ``gate_up_blocks`` u8 [E, 2I, H/32, 16], ``gate_up_scales`` u8 [E, 2I, H/32],
@@ -209,14 +228,49 @@ def prepare(config: MoEConfig, *, device: Any = None, **weights: Any) -> Prepare
             The CPU backend keeps a copy of the weights; CUDA uploads and repacks them into the
             kernel layout (biases and router tensors are read from host memory: CUDA ones are
             copied to the host first).
+        expert_map: expert parallelism: E entries, ``expert_map[e]`` = global expert e's index in
+            the weights' expert dimension, -1 for an expert held elsewhere. The expert tensors and
+            their biases then hold E_held experts in that order (``w[held]`` of the whole layer's;
+            :func:`contiguous_expert_map` gives rank r's map of the contiguous placement); the
+            router tensors keep all E. A slot routed to an expert held elsewhere contributes 0.
+            Default: every expert.
+        tp_rank, tp_ranks: tensor parallelism along I: ``tp_ranks`` > 1 cuts shard ``tp_rank``
+            (the 32-blocks of I :func:`shard_intermediate` gives it) out of the given host MXFP4
+            weights; the layer's ``config.intermediate`` is then I_r and the shards' outputs sum
+            to the layer's (the down bias lives on rank 0).
+
+    Raises :class:`~mxmoe.InvalidArgument` naming ``expert_map``, ``tp.rank``, ``tp.ranks`` or the
+    weight that does not fit them.
     """
     first = weights.get("gate_up_blocks" if _is_mxfp4(weights) else "gate_up")
     target = parse_device(device) if device is not None else _tensor.device_of(first)
     cw = weights_c(weights, host_only_to_cpu=target[0] == _lib.DEVICE_CUDA)
+    held = (ctypes.c_int32 * len(expert_map))(*expert_map) if expert_map is not None else None
+    options = _lib.PrepareOptionsC(held, len(held) if held is not None else 0, tp_rank, tp_ranks)
     handle = ctypes.c_void_p()
-    _lib.check(_lib.lib.mxmoe_moe_prepare(ctypes.byref(config._to_c()), ctypes.byref(cw), target[0], target[1],
-                                          ctypes.byref(handle)))
-    return PreparedMoE(handle.value, config, target)
+    _lib.check(_lib.lib.mxmoe_moe_prepare_with_options(ctypes.byref(config._to_c()), ctypes.byref(cw),
+                                                       ctypes.byref(options), target[0], target[1],
+                                                       ctypes.byref(handle)))
+    sharded = tp_ranks > 1 or tp_rank != 0
+    return PreparedMoE(handle.value, None if sharded else config, target)
+
+
+def shard_intermediate(intermediate: int, tp_rank: int, tp_ranks: int) -> tuple[int, int]:
+    """(first intermediate index, I_r) of tensor-parallel shard ``tp_rank`` of ``tp_ranks`` of a
+    layer of I = ``intermediate`` (mxmoe::shard_begin / shard_intermediate: the 32-blocks of I
+    split as evenly as they go, the first ranks one more)."""
+    begin, size = ctypes.c_int64(), ctypes.c_int64()
+    _lib.check(_lib.lib.mxmoe_shard_intermediate(intermediate, tp_rank, tp_ranks, ctypes.byref(begin),
+                                                 ctypes.byref(size)))
+    return begin.value, size.value
+
+
+def contiguous_expert_map(experts: int, ranks: int, rank: int) -> list[int]:
+    """The expert map (E entries) of ``rank`` when ``experts`` experts are placed contiguously over
+    ``ranks`` ranks (mxmoe::contiguous_owners, expert_map_of): the :func:`prepare` argument."""
+    held = (ctypes.c_int32 * max(experts, 0))()
+    _lib.check(_lib.lib.mxmoe_contiguous_expert_map(experts, ranks, rank, held))
+    return list(held)
 
 
 def _is_mxfp4(weights: dict[str, Any]) -> bool:
@@ -282,9 +336,10 @@ class MoEWeights:
         """``"mxfp4"`` or ``"bf16"``."""
         return "mxfp4" if _is_mxfp4(self.tensors) else "bf16"
 
-    def prepare(self, device: Any = "cpu") -> "PreparedMoE":
-        """:func:`prepare` of these weights for ``device``."""
-        return prepare(self.config, device=device, **self.tensors)
+    def prepare(self, device: Any = "cpu", **options: Any) -> "PreparedMoE":
+        """:func:`prepare` of these weights for ``device``; ``options``: ``expert_map``,
+        ``tp_rank``, ``tp_ranks`` (these weights then hold what :func:`prepare` says)."""
+        return prepare(self.config, device=device, **options, **self.tensors)
 
     def _c(self) -> _lib.MoeWeightsC:
         return weights_c(self.tensors)
@@ -325,48 +380,23 @@ def moe_forward(
             dtype.
         workspace: CUDA: device memory of at least ``layer.workspace_bytes(T)`` bytes; default:
             allocated from torch's caching allocator for torch tensors.
+        stream: a ``cudaStream_t`` as an int; default: torch's current stream of x's device for
+            torch tensors, else the legacy default stream.
 
-    CUDA: no host synchronization; capturable in a CUDA graph; bitwise deterministic.
+    Returns ``out``. CUDA: no host synchronization; capturable in a CUDA graph; bitwise
+    deterministic. The call runs in the extension (mxmoe._hotpath), which releases the GIL while
+    the library runs.
     """
-    handle = layer._handle or layer._live_handle()
-    view = _tensor.view
-    xc = view(x, "x", stream=stream)
-    if out is None:
-        out = _tensor.empty_like(x, "out")
-    ws_ptr, ws_bytes = None, 0
-    if layer._device[0] == _lib.DEVICE_CUDA:
-        if workspace is None:
-            if not _tensor.is_torch(x):
-                tokens = (_lib.unpack_tensor(xc)[4] or (0,))[0]
-                raise invalid("workspace", f"device memory of {layer.workspace_bytes(tokens)} bytes", "none")
-            workspace = _tensor.empty(x, (layer.workspace_bytes(x.shape[0] if x.dim() else 0),), _lib.U8,
-                                      "workspace")
-        ws_ptr, ws_bytes, ws_device = _tensor.buffer(workspace, "workspace")
-        if ws_device != layer._device:
-            x_device = _tensor.device_of(x)
-            if x_device != layer._device:  # the default workspace follows x: name the cause
-                raise invalid("x", f"memory on {layer.device} (where the layer is)", f"memory on {device_name(x_device)}")
-            raise invalid("workspace", f"memory on {layer.device} (where the layer is)",
-                          f"memory on {device_name(ws_device)}")
-    status = _lib.lib.mxmoe_moe_forward(
-        handle,
-        xc,
-        view(logits, "routing.logits", stream=stream),
-        view(topk_ids, "routing.ids", stream=stream),
-        view(topk_weights, "routing.weights", stream=stream),
-        view(out, "out", writable=True, stream=stream),
-        ws_ptr,
-        ws_bytes,
-        _tensor.current_stream(x, stream),
-    )
-    if status:
-        _lib.raise_last_error(status)
-    return out
+    return _lib.hotpath.moe_forward(layer, x, logits, topk_ids, topk_weights, out, workspace, stream)
 
 
 def live_layer(layer_id: int) -> PreparedMoE:
     """The prepared layer a torch op names by id; InvalidArgument when it was freed."""
-    layer = _live_layers.get(layer_id)
+    ref = _live_layers.get(layer_id)
+    layer = ref() if ref is not None else None
     if layer is None or not layer._handle:
         raise invalid("layer", "a live PreparedMoE", f"id {layer_id}, which was closed or collected")
     return layer
+
+
+_lib.hotpath.bind(live_layers=_live_layers, live_layer=live_layer)

@@ -1,7 +1,9 @@
 """Arrays from torch, numpy or anything with DLPack as packed ``mxmoe_tensor`` views, no copies.
 
-``view(obj, name)`` describes an array to the C ABI: torch tensors are read directly (pointer,
-dtype, shape, strides, device: the fast path), numpy arrays through their attributes, anything
+``view(obj, name)`` describes an array to the C ABI: torch tensors are read by the extension
+(mxmoe._hotpath: pointer, dtype, shape, strides, device from one DLPack capsule of
+torch.utils.dlpack.to_dlpack; the forward reads them there without coming back to Python), numpy
+arrays through their attributes, anything
 else through its ``__dlpack__`` capsule (DLPack's ``DLManagedTensor``, kept alive by the returned
 view for the length of the call). Unsupported dtypes and devices raise
 :class:`~mxmoe.InvalidArgument` naming ``name``; shapes, strides and the rest are checked by the
@@ -34,22 +36,33 @@ def is_numpy(obj: Any) -> bool:
 
 
 _torch_tensor_type: Any = None  # torch.Tensor once torch is in use: the first check in view()
+_raw_stream: Any = None  # device index -> torch's current cudaStream_t there, as an int
 
 
-def _init_torch_dtypes() -> None:
-    global _torch_tensor_type
+def bind_torch() -> None:
+    """The dtype tables, and torch handed to the extension (mxmoe._hotpath reads torch tensors
+    itself), once torch is in use."""
+    global _torch_tensor_type, _raw_stream
     torch = sys.modules["torch"]
-    _torch_tensor_type = torch.Tensor
     pairs = [(torch.bfloat16, _lib.BF16), (torch.float16, _lib.F16), (torch.float32, _lib.F32),
              (torch.uint8, _lib.U8), (torch.int32, _lib.I32), (torch.int64, _lib.I64)]
     _torch_dtypes.update(pairs)
     _torch_by_code.update((code, dt) for dt, code in pairs)
+    # What inductor's generated code calls (torch._C, no Stream object per call); the public
+    # spelling where a torch build lacks it (no CUDA).
+    _raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None) or (
+        lambda device: torch.cuda.current_stream(device).cuda_stream)
+    import torch.utils.dlpack
+
+    _lib.hotpath.bind_torch(torch.Tensor, torch.utils.dlpack.to_dlpack, torch.empty_like, torch.empty, torch.uint8,
+                            torch.device, _raw_stream, torch.contiguous_format)
+    _torch_tensor_type = torch.Tensor
 
 
 def torch_dtype(code: int):
     """The torch dtype of a C ABI dtype code."""
     if not _torch_by_code:
-        _init_torch_dtypes()
+        bind_torch()
     return _torch_by_code[code]
 
 
@@ -58,29 +71,25 @@ def _rank_error(ndim: int, name: str):
 
 
 def torch_view(t, name: str) -> bytes:
-    """The fast path: a torch tensor's own pointer, dtype, shape, strides and device."""
+    """A torch tensor's own pointer, dtype, shape, strides and device (read by the extension)."""
+    if _torch_tensor_type is None:
+        bind_torch()
+    return _lib.hotpath.torch_view(t, name)
+
+
+def torch_reject(t, name: str, error: BaseException | None) -> None:
+    """Raises why the extension could not read torch tensor ``t`` (argument ``name``); ``error``
+    is what torch raised, if anything (a layout DLPack cannot describe)."""
     code = _torch_dtypes.get(t.dtype)
     if code is None:
-        if not _torch_dtypes:
-            _init_torch_dtypes()
-            return torch_view(t, name)
         raise invalid(name, _DTYPE_EXPECTED, str(t.dtype).replace("torch.", ""))
-    if t.is_cuda:
-        device_type, device_id = _lib.DEVICE_CUDA, t.get_device()
-    elif t.is_cpu:
-        device_type, device_id = _lib.DEVICE_CPU, 0
-    else:
+    if not (t.is_cuda or t.is_cpu):
         raise invalid(name, "a cpu or cuda tensor", f"a tensor on {t.device}")
-    shape = t.shape
-    ndim = len(shape)
-    if ndim > _lib.MAX_RANK:
-        raise _rank_error(ndim, name)
-    try:
-        data = t.data_ptr()
-        strides = t.stride()
-    except RuntimeError:  # sparse, mkldnn, nested: no strided storage
-        raise invalid(name, "a strided (dense) tensor", f"layout {t.layout}") from None
-    return _FORMATS[ndim].pack(data, code, device_type, device_id, ndim, *shape, *strides)
+    if t.layout != sys.modules["torch"].strided:  # sparse, mkldnn: no strided storage
+        raise invalid(name, "a strided (dense) tensor", f"layout {t.layout}")
+    if t.dim() > _lib.MAX_RANK:
+        raise _rank_error(t.dim(), name)
+    raise invalid(name, "a tensor torch.utils.dlpack.to_dlpack can export", str(error)) from error
 
 
 _NUMPY_CODES = {"bfloat16": _lib.BF16, "float16": _lib.F16, "float32": _lib.F32, "uint8": _lib.U8,
@@ -169,9 +178,10 @@ def _dlpack_view(obj, name: str, stream: int | None) -> bytes:
     return kept
 
 
-def view(obj: Any, name: str, *, writable: bool = False, stream: int | None = None) -> bytes | None:
+def view(obj: Any, name: str, writable: bool = False, stream: int | None = None) -> bytes | None:
     """The packed ``mxmoe_tensor`` of ``obj`` (None for None). Keep the result referenced until
-    the C call returns."""
+    the C call returns. ``writable``: the call writes it (a read-only numpy array is refused);
+    ``stream``: where a CUDA DLPack producer makes its data ready (None: the legacy default)."""
     if obj is None:
         return None
     if type(obj) is _torch_tensor_type or is_torch(obj):
@@ -195,17 +205,14 @@ def device_of(obj: Any) -> tuple[int, int]:
 
 def current_stream(obj: Any, stream: int | None) -> int | None:
     """The stream a call on ``obj`` runs on: ``stream`` if given, else torch's current stream on a
-    CUDA tensor's device, else None (the legacy default stream)."""
+    CUDA tensor's device, else None (the legacy default stream). The extension's forward decides
+    the same way (hotpath.c, stream_of)."""
     if stream is not None:
         return stream
     if is_torch(obj) and obj.is_cuda:
-        torch_c = sys.modules["torch"]._C
-        # What inductor's generated code calls (torch._C, no Stream object per call); the public
-        # spelling where a torch build lacks it.
-        raw = getattr(torch_c, "_cuda_getCurrentRawStream", None)
-        if raw is not None:
-            return raw(obj.get_device())
-        return sys.modules["torch"].cuda.current_stream(obj.device).cuda_stream
+        if _raw_stream is None:
+            bind_torch()
+        return _raw_stream(obj.get_device())
     return None
 
 
@@ -236,19 +243,7 @@ def empty_like(like: Any, name: str):
 def buffer(obj: Any, name: str) -> tuple[int, int, tuple[int, int]]:
     """(pointer, bytes, (device type, device id)) of a contiguous array used as raw memory (a
     workspace, a statistics record); InvalidArgument naming ``name`` when it is not contiguous."""
-    if type(obj) is _torch_tensor_type:  # the per-forward path (a workspace): no packing
-        try:
-            contiguous = obj.is_contiguous()
-        except RuntimeError:  # sparse and other layouts without strides: the checks below say so
-            contiguous = False
-        if contiguous and obj.is_cuda:
-            return obj.data_ptr(), obj.nbytes, (_lib.DEVICE_CUDA, obj.get_device())
-        if contiguous and obj.is_cpu:
-            return obj.data_ptr(), obj.nbytes, (_lib.DEVICE_CPU, 0)
-    data, code, device_type, device_id, shape, strides = _lib.unpack_tensor(view(obj, name, writable=True))
-    expected = 1
-    for size, stride in zip(reversed(shape), reversed(strides)):
-        if size != 1 and stride != expected:
-            raise invalid(name, "a contiguous array", f"shape {list(shape)} with strides {list(strides)}")
-        expected *= size
-    return data, _lib.ITEMSIZE[code] * expected, (device_type, device_id)
+    return _lib.hotpath.buffer(obj, name)
+
+
+_lib.hotpath.bind(other_view=view, other_empty_like=empty_like, torch_reject=torch_reject)

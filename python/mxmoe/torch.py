@@ -26,7 +26,7 @@ import struct
 
 import torch
 
-from . import _lib, _moe, _quant
+from . import _lib, _moe, _quant, _tensor
 from ._errors import invalid
 from ._quant import QuantStats
 
@@ -120,18 +120,16 @@ _op("dequantize(Tensor packed, Tensor scales, str scale_layout, ScalarType dtype
     _dequantize_fake)
 
 
-def _moe_forward_impl(x: torch.Tensor, logits: torch.Tensor | None, topk_ids: torch.Tensor | None,
-                      topk_weights: torch.Tensor | None, layer: int) -> torch.Tensor:
-    return _moe.moe_forward(_moe.live_layer(layer), x, logits=logits, topk_ids=topk_ids, topk_weights=topk_weights)
-
-
 def _moe_forward_fake(x, logits, topk_ids, topk_weights, layer):
     _moe.live_layer(layer)
     return torch.empty_like(x, memory_format=torch.contiguous_format)
 
 
+# The kernel is the extension's own function (hotpath.c, torch_moe_forward(x, logits, topk_ids,
+# topk_weights, layer)): the dispatcher calls into C directly, no Python frame of ours per call.
+_tensor.bind_torch()  # the kernel below reads torch tensors from its first call
 _op("moe_forward(Tensor x, Tensor? logits, Tensor? topk_ids, Tensor? topk_weights, int layer) -> Tensor",
-    _moe_forward_impl, _moe_forward_fake)
+    _lib.hotpath.torch_moe_forward, _moe_forward_fake)
 
 
 def quantize(x: torch.Tensor, rule: str = "even",
@@ -158,4 +156,7 @@ def moe_forward(layer: "_moe.PreparedMoE", x: torch.Tensor, *, logits: torch.Ten
                 topk_ids: torch.Tensor | None = None, topk_weights: torch.Tensor | None = None) -> torch.Tensor:
     """``torch.ops.mxmoe.moe_forward`` on a :class:`~mxmoe.PreparedMoE`: x [T, H] -> out [T, H]
     of x's dtype (see :func:`mxmoe.moe_forward`)."""
-    return torch.ops.mxmoe.moe_forward.default(x, logits, topk_ids, topk_weights, layer.id)
+    return _moe_forward_op(x, logits, topk_ids, topk_weights, layer.id)
+
+
+_moe_forward_op = torch.ops.mxmoe.moe_forward.default

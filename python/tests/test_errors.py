@@ -1,6 +1,11 @@
 """Bad input raises a clear exception naming the argument and changes nothing; it never crashes
 the interpreter."""
 
+import os
+import shutil
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 import torch
@@ -141,3 +146,14 @@ def test_mixed_devices_are_rejected():
                    logits=torch.randn(5, 4, device="cuda"))
     expect_invalid("x", mxmoe.moe_forward, cuda_layer, torch.randn(5, 64, device="cuda"),  # f32 on CUDA
                    logits=torch.randn(5, 4, device="cuda"))
+
+
+def test_import_without_the_extension_fails_saying_so(tmp_path):
+    """No silent pure-Python fallback: a library without _hotpath.abi3.so next to it does not import."""
+    lib = tmp_path / "libmxmoe_c.so"
+    shutil.copy(mxmoe._lib.library_path, lib)
+    env = {**os.environ, "MXMOE_LIBRARY": str(lib),
+           "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
+    r = subprocess.run([sys.executable, "-c", "import mxmoe"], env=env, capture_output=True, text=True)
+    assert r.returncode != 0
+    assert "ImportError: mxmoe: the extension module _hotpath.abi3.so is not at" in r.stderr, r.stderr

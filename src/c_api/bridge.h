@@ -96,6 +96,7 @@ struct mxmoe_moe {
 
 namespace mxmoe::c_api {
 // mxmoe::prepare on `d` (with the CUDA device made current for the call).
-std::unique_ptr<mxmoe_moe> prepare_on(const moe_weights& weights, const moe_config& cfg, device_ref d);
+std::unique_ptr<mxmoe_moe> prepare_on(const moe_weights& weights, const moe_config& cfg, device_ref d,
+                                      const prepare_options& options = {});
 const mxmoe_moe& require_layer(const mxmoe_moe* layer);
 }  // namespace mxmoe::c_api

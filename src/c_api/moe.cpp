@@ -13,6 +13,7 @@
 #include "mxmoe/error.h"
 #include "mxmoe/forward.h"
 #include "mxmoe/moe.h"
+#include "mxmoe/shard.h"
 #include "mxmoe/validate.h"
 
 namespace mxmoe::c_api {
@@ -68,6 +69,20 @@ forward_call to_forward_call(const mxmoe_moe& m, const mxmoe_tensor* x, const mx
   MXMOE_CHECK_ARG(workspace_bytes >= 0, "workspace_bytes", "a size >= 0", std::to_string(workspace_bytes));
   c.workspace_bytes = static_cast<size_t>(workspace_bytes);
   return c;
+}
+
+// mxmoe_prepare_options -> prepare_options (NULL: the defaults); the map's size and the shard are
+// checked here only as far as C needs (a NULL map with entries); prepare checks the rest.
+prepare_options to_options(const mxmoe_prepare_options* o) {
+  prepare_options r;
+  if (!o) return r;
+  MXMOE_CHECK_ARG(o->expert_map_size >= 0, "options.expert_map_size", "a size >= 0", std::to_string(o->expert_map_size));
+  MXMOE_CHECK_ARG(o->expert_map != nullptr || o->expert_map_size == 0, "options.expert_map",
+                  std::to_string(o->expert_map_size) + " entries", "NULL");
+  if (o->expert_map) r.expert_map.assign(o->expert_map, o->expert_map + o->expert_map_size);
+  if (o->tp_ranks != 0) r.tp = {o->tp_rank, o->tp_ranks};
+  else MXMOE_CHECK_ARG(o->tp_rank == 0, "tp.rank", "0 when tp_ranks is 0 (no tensor parallelism)", std::to_string(o->tp_rank));
+  return r;
 }
 
 }  // namespace
@@ -141,9 +156,10 @@ void copy_weights_out(const moe_weights& src, const mxmoe_moe_weights* out) {
   }
 }
 
-std::unique_ptr<mxmoe_moe> prepare_on(const moe_weights& weights, const moe_config& cfg, device_ref d) {
+std::unique_ptr<mxmoe_moe> prepare_on(const moe_weights& weights, const moe_config& cfg, device_ref d,
+                                      const prepare_options& options) {
   const optional_device_guard guard(d.kind == device_kind::cuda, d.id);
-  return std::unique_ptr<mxmoe_moe>(new mxmoe_moe{d, prepare(weights, cfg, d.kind)});
+  return std::unique_ptr<mxmoe_moe>(new mxmoe_moe{d, prepare(weights, cfg, d.kind, options)});
 }
 
 const mxmoe_moe& require_layer(const mxmoe_moe* layer) {
@@ -164,12 +180,19 @@ mxmoe_status mxmoe_moe_config_validate(const mxmoe_moe_config* cfg) {
 
 mxmoe_status mxmoe_moe_prepare(const mxmoe_moe_config* cfg, const mxmoe_moe_weights* weights, int32_t device_type,
                                int32_t device_id, mxmoe_moe** layer) {
+  return mxmoe_moe_prepare_with_options(cfg, weights, nullptr, device_type, device_id, layer);
+}
+
+mxmoe_status mxmoe_moe_prepare_with_options(const mxmoe_moe_config* cfg, const mxmoe_moe_weights* weights,
+                                            const mxmoe_prepare_options* options, int32_t device_type,
+                                            int32_t device_id, mxmoe_moe** layer) {
   return guarded([&] {
     MXMOE_CHECK_ARG(layer != nullptr, "layer", "a pointer to the result", "NULL");
     *layer = nullptr;
     const device_ref d = to_device(device_type, device_id, "device_type");
     const moe_config c = to_config(cfg);
     const moe_weights w = to_weights(weights);
+    const prepare_options o = to_options(options);
     if (d.kind == device_kind::cuda) {
       // Device expert matrices must be on the device prepared for (forward.h sees only "cuda").
       for (const weight_slot& s : weight_slots()) {
@@ -178,7 +201,51 @@ mxmoe_status mxmoe_moe_prepare(const mxmoe_moe_config* cfg, const mxmoe_moe_weig
           require_device(d, "the device prepared for", {{(std::string("weights.") + s.field).c_str(), t}});
       }
     }
-    *layer = prepare_on(w, c, d).release();
+    *layer = prepare_on(w, c, d, o).release();
+  });
+}
+
+mxmoe_status mxmoe_moe_config_of(const mxmoe_moe* layer, mxmoe_moe_config* cfg) {
+  return guarded([&] {
+    const mxmoe_moe& m = require_layer(layer);
+    MXMOE_CHECK_ARG(cfg != nullptr, "cfg", "a pointer to the result", "NULL");
+    *cfg = from_config(m.layer.config());
+  });
+}
+
+mxmoe_status mxmoe_moe_expert_map(const mxmoe_moe* layer, int32_t* map, int64_t capacity, int64_t* size) {
+  return guarded([&] {
+    const mxmoe_moe& m = require_layer(layer);
+    MXMOE_CHECK_ARG(size != nullptr, "size", "a pointer to the result", "NULL");
+    const std::vector<int32_t>& held = m.layer.expert_map();
+    const auto n = static_cast<int64_t>(held.size());
+    if (map && n) {
+      MXMOE_CHECK_ARG(capacity >= n, "capacity", ">= " + std::to_string(n) + " (the map's entries)",
+                      std::to_string(capacity));
+      std::memcpy(map, held.data(), held.size() * sizeof(int32_t));
+    }
+    *size = n;
+  });
+}
+
+mxmoe_status mxmoe_shard_intermediate(int64_t intermediate, int32_t rank, int32_t ranks, int64_t* begin,
+                                      int64_t* size) {
+  return guarded([&] {
+    MXMOE_CHECK_ARG(begin != nullptr && size != nullptr, begin ? "size" : "begin", "a pointer to the result", "NULL");
+    MXMOE_CHECK_ARG(intermediate > 0 && intermediate % 32 == 0, "intermediate", "a positive multiple of 32",
+                    std::to_string(intermediate));
+    const tp_shard s{rank, ranks};
+    const int64_t b = shard_begin(intermediate, s), n = shard_intermediate(intermediate, s);
+    *begin = b;
+    *size = n;
+  });
+}
+
+mxmoe_status mxmoe_contiguous_expert_map(int64_t experts, int32_t ranks, int32_t rank, int32_t* map) {
+  return guarded([&] {
+    MXMOE_CHECK_ARG(map != nullptr, "map", "room for `experts` entries", "NULL");
+    const std::vector<int32_t> m = expert_map_of(contiguous_owners(experts, ranks), rank);
+    std::memcpy(map, m.data(), m.size() * sizeof(int32_t));
   });
 }
 

@@ -18,9 +18,11 @@
 #include <vector>
 
 #include "mxmoe/checkpoint.h"
+#include "mxmoe/forward.h"
 #include "mxmoe/layout.h"
 #include "mxmoe/presets.h"
 #include "mxmoe/safetensors.h"
+#include "mxmoe/shard.h"
 #include "mxmoe/synthetic.h"
 
 namespace {
@@ -290,6 +292,116 @@ TEST_F(CApiRoad, SyntheticLayerIsTheLibrarysAndVerifies) {
   bad.top_k = 9;
   expect_invalid(mxmoe_moe_config_validate(&bad), "cfg.routing.top_k");
   EXPECT_EQ(mxmoe_moe_config_validate(&cfg), MXMOE_OK);
+}
+
+// Prepare options through the ABI are the C++ API's: an expert-mapped layer, a tensor-parallel
+// shard and both at once give, bit for bit, what mxmoe::prepare with the same prepare_options
+// gives; the layer reports its shard's configuration and its map; bad options are named.
+TEST_F(CApiRoad, PrepareOptionsAreTheLibrarys) {
+  const mxmoe_moe_config cfg = gpt_oss_like();
+  const mxmoe::synthetic::mxfp4_layer full = mxmoe::synthetic::make_layer(
+      [] {
+        mxmoe::moe_config c;
+        c.shape = {kE, kH, kI};
+        c.routing = {mxmoe::routing_kind::topk_softmax, 2, false, 1, 1, 1.0f};
+        c.activation.kind = mxmoe::activation_kind::swiglu_clamped;
+        c.gate_up = mxmoe::layout::gate_up_order::interleaved;
+        return c;
+      }(),
+      {.biases = true}, 5);
+  const mxmoe::synthetic::layer_inputs in = mxmoe::synthetic::make_inputs(full.cfg, full.weights(), 6, 2);
+  std::vector<int32_t> map(kE, 7);
+  ASSERT_EQ(mxmoe_contiguous_expert_map(kE, 2, 1, map.data()), MXMOE_OK) << mxmoe_last_error();
+  EXPECT_EQ(map, mxmoe::expert_map_of(mxmoe::contiguous_owners(kE, 2), 1));
+  const mxmoe::owned_weights held = mxmoe::select_experts(full.weights(), full.cfg, map);
+  const int64_t eh = 2;
+
+  // Views of host weights holding `e` experts, as a C caller builds them.
+  struct c_weights {
+    mxmoe_tensor t[6];
+    mxmoe_moe_weights w{};
+    c_weights(const mxmoe::moe_weights& v, int64_t e) {
+      t[0] = make(v.gate_up_blocks.data, MXMOE_U8, {e, 2 * kI, kH / 32, 16});
+      t[1] = make(v.gate_up_scales.data, MXMOE_U8, {e, 2 * kI, kH / 32});
+      t[2] = make(v.down_blocks.data, MXMOE_U8, {e, kH, kI / 32, 16});
+      t[3] = make(v.down_scales.data, MXMOE_U8, {e, kH, kI / 32});
+      t[4] = make(v.gate_up_bias.data, MXMOE_BF16, {e, 2 * kI});
+      t[5] = make(v.down_bias.data, MXMOE_BF16, {e, kH});
+      w.format = MXMOE_WEIGHTS_MXFP4;
+      w.gate_up_blocks = &t[0];
+      w.gate_up_scales = &t[1];
+      w.down_blocks = &t[2];
+      w.down_scales = &t[3];
+      w.gate_up_bias = &t[4];
+      w.down_bias = &t[5];
+    }
+  };
+  const c_weights whole(full.weights(), kE), mine(held.weights(), eh);
+  const mxmoe_tensor xt = make(const_cast<uint16_t*>(in.x.data()), MXMOE_BF16, {6, kH}),
+                     lt = make(const_cast<float*>(in.logits.data()), MXMOE_F32, {6, kE});
+  struct option_case {
+    const c_weights* w;
+    const mxmoe::moe_weights cxx;
+    std::vector<int32_t> map;
+    int32_t rank, ranks;
+  };
+  for (const option_case& k : {option_case{&mine, held.weights(), map, 0, 0},
+                               option_case{&whole, full.weights(), {}, 1, 3},
+                               option_case{&mine, held.weights(), map, 2, 3}}) {
+    const mxmoe_prepare_options o{k.map.empty() ? nullptr : k.map.data(), static_cast<int64_t>(k.map.size()), k.rank,
+                                  k.ranks};
+    mxmoe_moe* layer = nullptr;
+    ASSERT_EQ(mxmoe_moe_prepare_with_options(&cfg, &k.w->w, &o, MXMOE_DEVICE_CPU, 0, &layer), MXMOE_OK)
+        << mxmoe_last_error();
+    const mxmoe::prepared_moe want =
+        mxmoe::prepare(k.cxx, full.cfg, mxmoe::device_kind::cpu,
+                       {k.map, k.ranks ? mxmoe::tp_shard{k.rank, k.ranks} : mxmoe::tp_shard{}});
+    mxmoe_moe_config got{};
+    ASSERT_EQ(mxmoe_moe_config_of(layer, &got), MXMOE_OK);
+    EXPECT_EQ(got.intermediate, want.config().shape.intermediate);
+    int64_t begin = -1, size = -1;
+    if (k.ranks) {
+      ASSERT_EQ(mxmoe_shard_intermediate(kI, k.rank, k.ranks, &begin, &size), MXMOE_OK);
+      EXPECT_EQ(size, got.intermediate);
+      EXPECT_EQ(begin, mxmoe::shard_begin(kI, {k.rank, k.ranks}));
+    }
+    std::vector<int32_t> got_map(kE, 9);
+    ASSERT_EQ(mxmoe_moe_expert_map(layer, got_map.data(), kE, &size), MXMOE_OK);
+    EXPECT_EQ(size, static_cast<int64_t>(k.map.size()));
+    if (!k.map.empty()) {
+      EXPECT_EQ(got_map, k.map);
+    }
+    std::vector<float> out(6 * kH, -1.0f), ref(6 * kH, -2.0f);
+    const mxmoe_tensor ot = make(out.data(), MXMOE_F32, {6, kH});
+    ASSERT_EQ(mxmoe_moe_forward(layer, &xt, &lt, nullptr, nullptr, &ot, nullptr, 0, nullptr), MXMOE_OK)
+        << mxmoe_last_error();
+    mxmoe::moe_forward_host(want, in.x_view(), in.routing(),
+                            mxmoe::tensor_view(ref.data(), mxmoe::dtype::f32, {6, kH}));
+    EXPECT_EQ(out, ref) << "rank " << k.rank << " of " << k.ranks << ", map of " << k.map.size();
+    mxmoe_moe_free(layer);
+  }
+
+  mxmoe_moe* layer = nullptr;
+  const std::vector<int32_t> short_map{0, 1, -1};
+  mxmoe_prepare_options o{short_map.data(), 3, 0, 0};
+  expect_invalid(mxmoe_moe_prepare_with_options(&cfg, &mine.w, &o, MXMOE_DEVICE_CPU, 0, &layer), "expert_map");
+  EXPECT_EQ(layer, nullptr);
+  o = {nullptr, 4, 0, 0};
+  expect_invalid(mxmoe_moe_prepare_with_options(&cfg, &mine.w, &o, MXMOE_DEVICE_CPU, 0, &layer),
+                 "options.expert_map");
+  o = {nullptr, 0, 0, 4};  // I = 96 is 3 blocks: at most 3 ranks
+  expect_invalid(mxmoe_moe_prepare_with_options(&cfg, &whole.w, &o, MXMOE_DEVICE_CPU, 0, &layer), "tp.ranks");
+  o = {nullptr, 0, 3, 3};
+  expect_invalid(mxmoe_moe_prepare_with_options(&cfg, &whole.w, &o, MXMOE_DEVICE_CPU, 0, &layer), "tp.rank");
+  o = {nullptr, 0, 1, 0};
+  expect_invalid(mxmoe_moe_prepare_with_options(&cfg, &whole.w, &o, MXMOE_DEVICE_CPU, 0, &layer), "tp.rank");
+  int64_t begin = 0, size = 0;
+  expect_invalid(mxmoe_shard_intermediate(100, 0, 1, &begin, &size), "intermediate");
+  expect_invalid(mxmoe_contiguous_expert_map(kE, 5, 0, map.data()), "ranks");
+  ASSERT_EQ(mxmoe_moe_prepare_with_options(&cfg, &whole.w, nullptr, MXMOE_DEVICE_CPU, 0, &layer), MXMOE_OK);
+  ASSERT_EQ(mxmoe_moe_expert_map(layer, nullptr, 0, &size), MXMOE_OK);
+  EXPECT_EQ(size, 0);
+  mxmoe_moe_free(layer);
 }
 
 TEST(CApi, PresetsAreTheLibrarys) {
