@@ -324,7 +324,15 @@ MXMOE_HD uint32_t fragment_bf16x2_pow2m126(uint32_t w, int r) {
       return ((w << 12) | (w >> 20)) & kMask;
 #endif
     }
-    default: return ((w << 2) & 0x80C080C0u) | ((w >> 6) & 0x01000100u);
+    default: {
+#if defined(__CUDA_ARCH__)
+      // w >> 6 as the high word of a product: the multiply-add pipe takes it (it already takes
+      // the left shift), one instruction fewer on the integer ALU, the dequantizing GEMMs' busiest.
+      return ((w << 2) & 0x80C080C0u) | (__umulhi(w, 1u << 26) & 0x01000100u);
+#else
+      return ((w << 2) & 0x80C080C0u) | ((w >> 6) & 0x01000100u);
+#endif
+    }
   }
 }
 

@@ -24,12 +24,15 @@ __device__ __forceinline__ uint32_t bf16x2_mul(uint32_t a, uint32_t b) {
 // A lane's four bf16x2 A registers for each k16 step of one fragment tile, dequantized:
 // a[j][r] = register r of k16 step j. Word j of `codes` is the fragment word of k16 step j
 // (mx::fragment_bit); `scales` bytes: (g, kb0), (g+8, kb0), (g, kb1), (g+8, kb1).
+// kScalesInRange: the caller knows that every scale byte is in [1, 128]
+// (gemm_weights::scales_in_range), so the test below is left out.
+template <bool kScalesInRange = false>
 __device__ __forceinline__ void dequant_fragment(uint4 codes, uint32_t scales, uint32_t (&a)[4][4]) {
   const uint32_t w[4] = {codes.x, codes.y, codes.z, codes.w};
   // Common case: every scale byte in [1, 128], so 2^(s-1) is a normal bf16 and one multiply
   // by it applies both the 2^126 of the code conversion and the block scale. (A plain 32-bit
   // subtraction tests it: a zero byte borrows, and its own result byte 0xFF fails the test.)
-  if (((scales - 0x01010101u) & 0x80808080u) == 0) {
+  if (kScalesInRange || ((scales - 0x01010101u) & 0x80808080u) == 0) {
     uint32_t m[4];  // bf16x2 (2^(s_q - 1), 2^(s_q - 1)) = (s_q + 126) << 7 in both halves
 #pragma unroll
     for (int q = 0; q < 4; ++q) m[q] = __byte_perm(scales, 0u, 0x4040u | q | (q << 8)) * 128u + 0x3F003F00u;

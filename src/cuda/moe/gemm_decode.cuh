@@ -70,11 +70,12 @@ struct decode_shape {
   static constexpr int kAWarpBytes = kCodeBytes + kScaleBytes;
   static constexpr int kAStageBytes = kWarps * kAWarpBytes;  // [warp][codes: step][512 B] [scales: step][32 B]
   static_assert(kScaleBytes == 16 * 2 * kSteps, "two lanes' 16-byte copies per fragment tile's scales");
-  // B cp.async chunks of a full stage, per thread (each thread always copies the same row and
-  // 16-byte column, for kChunks of the stage's k_groups * kSteps fragment tiles).
-  static constexpr int kChunks = kMaxGroups * kSteps * BN * 8 / kThreads;
-  static constexpr int kTileStride = kThreads / 8 / BN;  // fragment tiles between a thread's chunks
-  static_assert(kChunks * kTileStride == kMaxGroups * kSteps, "chunks cover a stage");
+  // B cp.async chunks of a stage with k_groups K groups, per thread (each thread always copies
+  // the same row and 16-byte column, for chunks(k_groups) of the stage's k_groups * kSteps
+  // fragment tiles, kTileStride apart).
+  static constexpr int kTileStride = kThreads / 8 / BN;
+  static constexpr int chunks(int k_groups) { return k_groups * kSteps * BN * 8 / kThreads; }
+  static_assert(chunks(1) * kTileStride == kSteps, "chunks cover a stage");
   static constexpr int b_stage_bytes(int k_groups) { return k_groups * kSteps * BN * kRowBytes; }
   static constexpr int stage_bytes(int k_groups) { return kAStageBytes + b_stage_bytes(k_groups); }
   static constexpr int smem_bytes(int k_groups) {
@@ -88,31 +89,38 @@ using decode_8 = decode_shape<1>;
 using decode_16 = decode_shape<2>;
 using decode_32 = decode_shape<4>;
 
-template <class S>
+// KG: K groups (k_groups); kScalesInRange: gemm_weights::scales_in_range (the dequantization's
+// per-fragment test of the scale bytes left out).
+template <class S, int KG, bool kScalesInRange>
 __global__ void __launch_bounds__(S::kThreads, S::kMinBlocks)
     moe_gemm_decode_kernel(gemm_weights w, const uint16_t* __restrict__ b_rows, moe_workspace ws, int top_k,
-                           epilogue_kind ep, activation_config act, int k_groups, bool early_weights) {
+                           epilogue_kind ep, activation_config act, bool early_weights) {
+  static_assert(KG >= 1 && KG <= S::kMaxGroups && S::kWarps % KG == 0, "1, 2 or 4 K groups of whole warps");
+  // The K groups are a template parameter so that a thread's B chunks of groups that do not exist
+  // (and their copy state) are no code at all: the per-stage copy bookkeeping, not the tensor
+  // cores, is what the kernel issues most besides the conversion.
+  constexpr int kWarpsM = S::kWarps / KG;
+  constexpr int kChunks = S::chunks(KG);
   extern __shared__ __align__(128) uint8_t smem[];
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-  const int warps_m = S::kWarps / k_groups;
-  const int wm = warp % warps_m, wk = warp / warps_m;
+  const int wm = warp % kWarpsM, wk = warp / kWarpsM;
   const layout::sm90_fragment frag{w.rows, w.cols};
   const int row_tiles = static_cast<int>(frag.row_tiles()), col_tiles = static_cast<int>(frag.col_tiles());
   const int K = static_cast<int>(w.cols);
-  const int rt = blockIdx.x * warps_m + wm;
+  const int rt = blockIdx.x * kWarpsM + wm;
   const bool active = rt < row_tiles;  // warp-uniform; idle warps still copy B and meet barriers
 
   // K range of group g: col_tiles split as evenly as possible, the first `rem` groups one longer.
-  const int per = col_tiles / k_groups, rem = col_tiles % k_groups;
+  const int per = col_tiles / KG, rem = col_tiles % KG;
   auto group_begin = [&](int g) { return g * per + (g < rem ? g : rem); };
   auto group_tiles = [&](int g) { return per + (g < rem ? 1 : 0); };
   const int kt0 = group_begin(wk), nk = group_tiles(wk);
   const int num_stages = (group_tiles(0) + S::kSteps - 1) / S::kSteps;
 
   // Stage s lives at smem + (s % kStages) * stage_bytes: [A: warps][2176 B] [B: tiles][BN][128 B].
-  const int stage_bytes = S::stage_bytes(k_groups);
+  constexpr int kStageBytes = S::stage_bytes(KG);
   const uint32_t smem_u32 = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
-  auto next_slot = [&](uint32_t off) { return off + stage_bytes == S::kStages * stage_bytes ? 0u : off + stage_bytes; };
+  auto next_slot = [](uint32_t off) { return off + kStageBytes == S::kStages * kStageBytes ? 0u : off + kStageBytes; };
 
   if (!early_weights) detail::wait_for_previous_grid();
   if (static_cast<int>(blockIdx.y) >= __ldcg(ws.num_tiles)) return;
@@ -121,19 +129,27 @@ __global__ void __launch_bounds__(S::kThreads, S::kMinBlocks)
 
   // Weights: fragment tiles kt0.. of row tile rt. Per stage this lane copies its 16 code bytes of
   // each of the kSteps tiles, and lanes < 2 * kSteps 16 of the stage's kSteps * 32 scale bytes.
-  // The copy state advances one stage per call (a_left <= 0: nothing left to copy).
+  // The copy state advances one stage per call (a_left <= 0: nothing left to copy); only the K
+  // range's last stage can be partial, and only it tests each copy (a_left is warp-uniform).
   const int64_t tile0 = static_cast<int64_t>(rt) * col_tiles + kt0;
   const uint8_t* a_src = w.codes + td.expert * w.expert_code_stride + tile0 * 512 + lane * 16;
   const uint8_t* s_src = w.scales + td.expert * w.expert_scale_stride + tile0 * 32 + lane * 16;
   const uint32_t a_dst = smem_u32 + warp * S::kAWarpBytes + lane * 16;
   // The stage's fragment tile whose scale bytes this lane copies (lanes >= 2 * kSteps copy none).
-  const int s_tile = lane < 2 * S::kSteps ? lane / 2 : 1 << 30;
+  const bool s_lane = lane < 2 * S::kSteps;
+  const int s_tile = s_lane ? lane / 2 : 1 << 30;
   int a_left = active ? nk : 0;
   auto load_a_stage = [&](uint32_t slot) {
+    if (a_left >= S::kSteps) {
 #pragma unroll
-    for (int i = 0; i < S::kSteps; ++i)
-      if (i < a_left) detail::cp_async_16_shared(a_dst + slot + i * 512, a_src + i * 512);
-    if (s_tile < a_left) detail::cp_async_16_shared(a_dst + slot + S::kCodeBytes, s_src);
+      for (int i = 0; i < S::kSteps; ++i) detail::cp_async_16_shared(a_dst + slot + i * 512, a_src + i * 512);
+      if (s_lane) detail::cp_async_16_shared(a_dst + slot + S::kCodeBytes, s_src);
+    } else {
+#pragma unroll
+      for (int i = 0; i < S::kSteps; ++i)
+        if (i < a_left) detail::cp_async_16_shared(a_dst + slot + i * 512, a_src + i * 512);
+      if (s_tile < a_left) detail::cp_async_16_shared(a_dst + slot + S::kCodeBytes, s_src);
+    }
     a_src += S::kSteps * 512;
     s_src += S::kSteps * 32;
     a_left -= S::kSteps;
@@ -148,42 +164,42 @@ __global__ void __launch_bounds__(S::kThreads, S::kMinBlocks)
   detail::allow_dependent_launch();
 
   // Per B row: the activation row it reads, and (GEMM2) the pair it writes.
-  int* row_src = reinterpret_cast<int*>(smem + S::kStages * stage_bytes -
-                                        (S::kRowsInRing ? S::b_stage_bytes(k_groups) : 0));
+  int* row_src = reinterpret_cast<int*>(smem + S::kStages * kStageBytes - (S::kRowsInRing ? S::b_stage_bytes(KG) : 0));
   int* row_pair = row_src + S::BN;
   detail::load_tile_rows(td, ws, ep, top_k, S::BN, row_src, row_pair);
   __syncthreads();
 
   // This thread's B chunks: row cr, 16-byte column cq, fragment tiles ct0 + i * kTileStride of a
-  // stage (stage tile index = group * kSteps + step). Per chunk: the source of the next stage to
-  // copy, the elements left in the row from there (<= 0: the K tail, zero-filled), and the
-  // fragment tiles left in its K group (<= 0: nothing to copy).
+  // stage (stage tile index = group * kSteps + step). Per chunk, fixed for the kernel: its
+  // element offset in the row at stage 0, the fragment tiles of its K group from there (a stage
+  // copies it while its first tile is below that; 0 for rows beyond the count, which are never
+  // loaded), and the elements of the row from there (below the stage's k: the K tail,
+  // zero-filled). The stage's k is the only copy state that moves.
   const int cq = tid & 7, cr = (tid >> 3) % S::BN, ct0 = (tid >> 3) / S::BN;
   const bool c_row = cr < td.count;
   const uint16_t* c_row_src = b_rows + (c_row ? static_cast<int64_t>(row_src[cr]) * K : 0) + cq * 8;
   const uint32_t c_dst = smem_u32 + static_cast<uint32_t>(S::kAStageBytes + (ct0 * S::BN + cr) * S::kRowBytes +
                                                           ((cq ^ (cr & 7)) << 4));
-  const uint16_t* b_src[S::kChunks];
-  int b_kleft[S::kChunks], b_left[S::kChunks];
+  int b_koff[kChunks], b_tiles[kChunks], b_kleft[kChunks];
 #pragma unroll
-  for (int i = 0; i < S::kChunks; ++i) {
+  for (int i = 0; i < kChunks; ++i) {
     const int st = ct0 + i * S::kTileStride, g = st / S::kSteps, step = st % S::kSteps;
-    const bool in = c_row && g < k_groups;
-    const int koff = in ? (group_begin(g) + step) * 64 : 0;
-    b_src[i] = c_row_src + koff;
-    b_kleft[i] = K - koff - cq * 8;
-    b_left[i] = in ? group_tiles(g) - step : 0;
+    b_koff[i] = (group_begin(g) + step) * 64;
+    b_tiles[i] = c_row ? group_tiles(g) - step : 0;
+    b_kleft[i] = K - b_koff[i] - cq * 8;
   }
+  int b_stage = 0;  // fragment tiles of each K group copied before this stage
   auto load_b_stage = [&](uint32_t slot) {
+    const int k = b_stage * 64;
 #pragma unroll
-    for (int i = 0; i < S::kChunks; ++i) {
-      if (b_left[i] > 0)
+    for (int i = 0; i < kChunks; ++i) {
+      if (b_stage < b_tiles[i]) {
+        const bool in = k < b_kleft[i];
         detail::cp_async_16_zfill(c_dst + slot + i * S::kTileStride * S::BN * S::kRowBytes,
-                                  b_kleft[i] > 0 ? b_src[i] : c_row_src, b_kleft[i] > 0);
-      b_src[i] += S::kSteps * 64;
-      b_kleft[i] -= S::kSteps * 64;
-      b_left[i] -= S::kSteps;
+                                  c_row_src + (in ? b_koff[i] + k : 0), in);
+      }
     }
+    b_stage += S::kSteps;
   };
   // One cp.async group per stage: group 0 = A stages 0 .. kStages-2 and B stage 0, group s = B
   // stage s for s < kStages - 1, then group s = A and B of stage s, committed kStages - 1 earlier.
@@ -197,18 +213,18 @@ __global__ void __launch_bounds__(S::kThreads, S::kMinBlocks)
 
   // ldmatrix row addresses of each 8-token block: lane l reads row 8n + l % 8 (row 0 instead when
   // that token is beyond the count: its column is never stored) at 16-byte chunk 2j + l / 8 for
-  // the k16 pair (j, j + 1), j = 0 or 2.
-  uint32_t b_off[S::NT][2];
+  // the k16 pair (j, j + 1), j = 0 or 2. Chunk 4 + c of a row is chunk c's address xor 64 (rows
+  // are 128 bytes, 128-byte aligned, and 4 + c = 4 ^ c for c < 4), so one address per block.
+  uint32_t b_off[S::NT];
 #pragma unroll
   for (int n = 0; n < S::NT; ++n) {
     const int row = 8 * n + (lane & 7) < td.count ? 8 * n + (lane & 7) : 0;
-#pragma unroll
-    for (int h = 0; h < 2; ++h)
-      b_off[n][h] = smem_u32 + static_cast<uint32_t>(S::kAStageBytes + wk * S::kSteps * S::BN * S::kRowBytes +
-                                                     row * S::kRowBytes + (((4 * h + (lane >> 3)) ^ (row & 7)) << 4));
+    b_off[n] = smem_u32 + static_cast<uint32_t>(S::kAStageBytes + wk * S::kSteps * S::BN * S::kRowBytes +
+                                                row * S::kRowBytes + (((lane >> 3) ^ (row & 7)) << 4));
   }
   const int blocks_used = (td.count + 7) / 8;
-  const uint8_t* a_smem = smem + warp * S::kAWarpBytes;
+  const uint8_t* a_codes = smem + warp * S::kAWarpBytes + lane * 16;
+  const uint8_t* a_scales = smem + warp * S::kAWarpBytes + S::kCodeBytes + (lane >> 2) * 4;
 
   float acc[S::NT][4];
 #pragma unroll
@@ -231,17 +247,16 @@ __global__ void __launch_bounds__(S::kThreads, S::kMinBlocks)
     if (!active) continue;
     // Fragment tile i of the stage: dequantize, then one mma per 8-token block in use.
     auto consume_tile = [&](int i) {
-      const uint8_t* sa = a_smem + slot;
       uint32_t a[4][4];
-      detail::dequant_fragment(*reinterpret_cast<const uint4*>(sa + i * 512 + lane * 16),
-                               *reinterpret_cast<const uint32_t*>(sa + S::kCodeBytes + i * 32 + (lane >> 2) * 4), a);
+      detail::dequant_fragment<kScalesInRange>(*reinterpret_cast<const uint4*>(a_codes + slot + i * 512),
+                               *reinterpret_cast<const uint32_t*>(a_scales + slot + i * 32), a);
 #pragma unroll
       for (int n = 0; n < S::NT; ++n) {
         if (n > 0 && n >= blocks_used) break;  // block 0 is always in use
         uint32_t b[4][2];
-        const uint32_t bt = slot + i * S::BN * S::kRowBytes;
-        detail::ldsm_x4(b_off[n][0] + bt, b[0][0], b[0][1], b[1][0], b[1][1]);
-        detail::ldsm_x4(b_off[n][1] + bt, b[2][0], b[2][1], b[3][0], b[3][1]);
+        const uint32_t bt = b_off[n] + slot + i * S::BN * S::kRowBytes;
+        detail::ldsm_x4(bt, b[0][0], b[0][1], b[1][0], b[1][1]);
+        detail::ldsm_x4(bt ^ 64u, b[2][0], b[2][1], b[3][0], b[3][1]);
         float* c = acc[n];
 #pragma unroll
         for (int j = 0; j < 4; ++j)
@@ -260,20 +275,21 @@ __global__ void __launch_bounds__(S::kThreads, S::kMinBlocks)
   cute::cp_async_wait<0>();
   __syncthreads();  // the stages are free: the K groups' partial sums go there
 
-  if (k_groups > 1) {
-    float* red = reinterpret_cast<float*>(smem);  // [k_groups - 1][warps_m][NT][4][32]
+  if constexpr (KG > 1) {
+    float* red = reinterpret_cast<float*>(smem);  // [KG - 1][kWarpsM][NT][4][32]
     if (wk > 0 && active)
 #pragma unroll
       for (int n = 0; n < S::NT; ++n)
 #pragma unroll
-        for (int q = 0; q < 4; ++q) red[((((wk - 1) * warps_m + wm) * S::NT + n) * 4 + q) * 32 + lane] = acc[n][q];
+        for (int q = 0; q < 4; ++q) red[((((wk - 1) * kWarpsM + wm) * S::NT + n) * 4 + q) * 32 + lane] = acc[n][q];
     __syncthreads();
     if (wk == 0 && active)
-      for (int g = 1; g < k_groups; ++g)
+#pragma unroll
+      for (int g = 1; g < KG; ++g)
 #pragma unroll
         for (int n = 0; n < S::NT; ++n)
 #pragma unroll
-          for (int q = 0; q < 4; ++q) acc[n][q] += red[((((g - 1) * warps_m + wm) * S::NT + n) * 4 + q) * 32 + lane];
+          for (int q = 0; q < 4; ++q) acc[n][q] += red[((((g - 1) * kWarpsM + wm) * S::NT + n) * 4 + q) * 32 + lane];
   }
   if (S::kRowsInRing && ep == epilogue_kind::weighted_down) {  // the ring overwrote them
     detail::load_tile_rows(td, ws, ep, top_k, S::BN, row_src, row_pair);

@@ -54,6 +54,9 @@ struct gemm_weights {
   const float* bias;      // [E, rows] in kernel row order, or nullptr
   int64_t rows, cols;     // N, K
   int64_t expert_code_stride, expert_scale_stride;
+  // Every scale byte of the weights (padding aside) is in [1, 128], so each dequantized register
+  // needs one multiply and no per-fragment test (dequant.cuh); found when the layer is prepared.
+  bool scales_in_range = false;
 };
 
 enum class epilogue_kind : int { gate_up_activation, weighted_down };
@@ -146,9 +149,11 @@ void launch_combine(int64_t tokens, int top_k, int64_t hidden, const moe_workspa
 
 // Checkpoint layout (device memory, one expert) -> sm90 fragment layout (device memory).
 // GEMM1 passes its layout::gate_up_rows; GEMM2 passes has_gate_up = false (rows kept in order).
+// Sets *scale_out_of_range (device memory) to 1 when a scale byte is outside [1, 128]
+// (gemm_weights::scales_in_range); never clears it.
 void launch_repack_expert(const uint8_t* ckpt_blocks, const uint8_t* ckpt_scales, int64_t rows, int64_t cols,
                           bool has_gate_up, layout::gate_up_rows gate_up, uint8_t* codes, uint8_t* scales,
-                          cudaStream_t stream);
+                          uint32_t* scale_out_of_range, cudaStream_t stream);
 // A bias [experts, rows] (bf16, f16 or f32, device memory) -> float [experts, rows] in kernel row
 // order (GEMM1: layout::gate_up_rows; otherwise rows kept in order).
 void launch_prepare_bias(const void* src, dtype type, int64_t experts, int64_t rows, bool has_gate_up,

@@ -172,6 +172,7 @@ struct moe_layer::impl {
   device_buffer expert_map;  // i32 [E] (moe.h); empty for a layer holding every expert
   moe_path path = moe_path::standard;
   int64_t decode_resident_warps = 0;  // decode GEMM warps resident at once on the device
+  bool scales13_in_range = false, scales2_in_range = false;  // sm90::gemm_weights::scales_in_range
 };
 
 moe_layer::moe_layer(const moe_weights& w, const moe_config& cfg, const std::vector<int32_t>& expert_map)
@@ -210,6 +211,9 @@ moe_layer::moe_layer(const moe_weights& w, const moe_config& cfg, const std::vec
     stage_s2 = device_buffer(static_cast<size_t>(H * ck2.scale_cols()));
   }
   const layout::gate_up_rows gate_up{I, cfg.gate_up};
+  device_buffer out_of_range(2 * sizeof(uint32_t));  // GEMM1's, GEMM2's: a scale byte outside [1, 128]
+  MXMOE_CUDA_CHECK(cudaMemset(out_of_range.data(), 0, out_of_range.size()));
+  uint32_t* oor = static_cast<uint32_t*>(out_of_range.data());
   for (int64_t e = 0; e < E; ++e) {
     const uint8_t* b13 = w.gate_up_blocks.as<const uint8_t>() + e * 2 * I * ck13.row_bytes();
     const uint8_t* s13 = w.gate_up_scales.as<const uint8_t>() + e * 2 * I * ck13.scale_cols();
@@ -227,13 +231,17 @@ moe_layer::moe_layer(const moe_weights& w, const moe_config& cfg, const std::vec
     }
     sm90::launch_repack_expert(b13, s13, 2 * I, H, true, gate_up,
                                static_cast<uint8_t*>(m.codes13.data()) + e * m.frag13.weight_bytes(),
-                               static_cast<uint8_t*>(m.scales13.data()) + e * m.frag13.scale_bytes(), nullptr);
+                               static_cast<uint8_t*>(m.scales13.data()) + e * m.frag13.scale_bytes(), oor, nullptr);
     sm90::launch_repack_expert(b2, s2, H, I, false, gate_up,
                                static_cast<uint8_t*>(m.codes2.data()) + e * m.frag2.weight_bytes(),
-                               static_cast<uint8_t*>(m.scales2.data()) + e * m.frag2.scale_bytes(), nullptr);
+                               static_cast<uint8_t*>(m.scales2.data()) + e * m.frag2.scale_bytes(), oor + 1, nullptr);
     if (!on_device) MXMOE_CUDA_CHECK(cudaStreamSynchronize(nullptr));  // staging is reused next expert
   }
   MXMOE_CUDA_CHECK(cudaDeviceSynchronize());
+  uint32_t flags[2] = {1, 1};
+  MXMOE_CUDA_CHECK(cudaMemcpy(flags, oor, sizeof(flags), cudaMemcpyDeviceToHost));
+  m.scales13_in_range = flags[0] == 0;
+  m.scales2_in_range = flags[1] == 0;
 
   if (!w.gate_up_bias.empty()) m.bias13 = prepare_bias(w.gate_up_bias, E, 2 * I, true, gate_up);
   if (!w.down_bias.empty()) m.bias2 = prepare_bias(w.down_bias, E, H, false, gate_up);
@@ -354,10 +362,10 @@ void moe_layer::forward(const tensor_view& x, const routing_input& routing, cons
 
   const sm90::gemm_weights w13{static_cast<const uint8_t*>(m.codes13.data()), static_cast<const uint8_t*>(m.scales13.data()),
                                static_cast<const float*>(m.bias13.data()), 2 * I, H, m.frag13.weight_bytes(),
-                               m.frag13.scale_bytes()};
+                               m.frag13.scale_bytes(), m.scales13_in_range};
   const sm90::gemm_weights w2{static_cast<const uint8_t*>(m.codes2.data()), static_cast<const uint8_t*>(m.scales2.data()),
                               static_cast<const float*>(m.bias2.data()), H, I, m.frag2.weight_bytes(),
-                              m.frag2.scale_bytes()};
+                              m.frag2.scale_bytes(), m.scales2_in_range};
   sm90::gemm_launch g1;
   g1.config = gc;
   g1.tokens_per_tile = bn;

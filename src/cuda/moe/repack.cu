@@ -39,11 +39,16 @@ __global__ void repack_codes_kernel(const uint8_t* __restrict__ blocks, layout::
 
 __global__ void repack_scales_kernel(const uint8_t* __restrict__ scales, layout::checkpoint_mxfp4 ck,
                                      layout::sm90_fragment frag, bool has_gate_up, layout::gate_up_rows gu,
-                                     uint8_t* __restrict__ out) {
+                                     uint8_t* __restrict__ out, uint32_t* __restrict__ out_of_range) {
   const int64_t o = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (o >= frag.scale_bytes()) return;
   int64_t n, kb;
-  out[o] = frag.scale_coord(o, &n, &kb) ? scales[ck.scale_offset(0, source_row(n, has_gate_up, gu), kb)] : 0;
+  uint8_t s = 0;
+  if (frag.scale_coord(o, &n, &kb)) {
+    s = scales[ck.scale_offset(0, source_row(n, has_gate_up, gu), kb)];
+    if (s == 0 || s > 128) *out_of_range = 1;  // the same value from every writer: no atomic needed
+  }
+  out[o] = s;
 }
 
 // dst[e, r] = float(src[e, source row of r]) for bf16 / f16 / f32 sources.
@@ -73,14 +78,14 @@ void launch_prepare_bias(const void* src, dtype type, int64_t experts, int64_t r
 
 void launch_repack_expert(const uint8_t* ckpt_blocks, const uint8_t* ckpt_scales, int64_t rows, int64_t cols,
                           bool has_gate_up, layout::gate_up_rows gate_up, uint8_t* codes, uint8_t* scales,
-                          cudaStream_t stream) {
+                          uint32_t* scale_out_of_range, cudaStream_t stream) {
   const layout::checkpoint_mxfp4 ck{1, rows, cols};
   const layout::sm90_fragment frag{rows, cols};
   repack_codes_kernel<<<static_cast<unsigned>((frag.weight_words() + 255) / 256), 256, 0, stream>>>(
       ckpt_blocks, ck, frag, has_gate_up, gate_up, reinterpret_cast<uint32_t*>(codes));
   MXMOE_CUDA_CHECK(cudaGetLastError());
   repack_scales_kernel<<<static_cast<unsigned>((frag.scale_bytes() + 255) / 256), 256, 0, stream>>>(
-      ckpt_scales, ck, frag, has_gate_up, gate_up, scales);
+      ckpt_scales, ck, frag, has_gate_up, gate_up, scales, scale_out_of_range);
   MXMOE_CUDA_CHECK(cudaGetLastError());
 }
 
