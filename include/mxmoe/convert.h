@@ -42,6 +42,7 @@ struct quantize_options {
   device_kind device = device_kind::cpu;
   bool overwrite = false;         // replace an existing output
   progress_callback on_progress;  // optional; called after every step
+  bool allow_nonfinite = false;
 };
 
 struct tensor_report {
