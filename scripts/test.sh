@@ -1,11 +1,16 @@
 #!/usr/bin/env bash
 # Build (via setup.sh) and run every test: the C++ tests through ctest, then the Python tests
 # (python/tests, pytest) with the pinned torch and transformers of python/requirements-test.txt.
-# GPU tests report "skipped" with the reason on a machine without an sm_90 GPU.
+# GPU tests report "skipped" on a machine without an sm_90 GPU; after ctest's summary one line per
+# reason says which tests were skipped and why (scripts/ctest_skips.sh).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh
-ctest --test-dir "${MXMOE_BUILD_DIR:-build}" --output-on-failure -j "$(nproc)" "$@"
+build="${MXMOE_BUILD_DIR:-build}"
+ctest_rc=0
+ctest --test-dir "$build" --output-on-failure -j "$(nproc)" "$@" || ctest_rc=$?
+scripts/ctest_skips.sh "$build" || true
+[ "$ctest_rc" -eq 0 ] || exit "$ctest_rc"
 
 . scripts/python_env.sh
 "$MXMOE_PYTHON" -m pip install -q --disable-pip-version-check --root-user-action=ignore -r python/requirements-test.txt

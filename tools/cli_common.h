@@ -6,6 +6,7 @@
 #include <CLI/CLI.hpp>
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -26,22 +27,43 @@ enum exit_code : int {
   kBackendUnavailable = 3,  // --device cuda without a usable GPU, or a CPU-only build
   kIoError = 4,             // a file could not be read or written
   kInternalError = 5,
+  kNonfiniteInput = 6,      // NaN / Inf in the weights or inputs (nonfinite.h), found before running
 };
 
 inline constexpr const char* kExitCodeHelp =
     "Exit codes: 0 ok; 1 verification failed; 2 bad usage or input (including a malformed file or "
     "an existing output without --force); 3 backend unavailable (--device cuda without an sm_90 GPU); "
-    "4 I/O error; 5 internal error.";
+    "4 I/O error; 5 internal error; 6 NaN/Inf in the weights or inputs (named, with the first index).";
 
 // The long help of a subcommand (shown by `mxmoe CMD --help`, after the options), followed by
 // the exit codes.
 void set_details(CLI::App* cmd, const std::string& text);
 
+// Option checks whose errors read "--rule: expected one of floor, even, rceil, mse; got 'banana'"
+// (CLI11 prefixes the option's name). All run while parsing, before any work starts.
+//
+// One of `names` (case-insensitive); the value becomes the matching entry of `values` (as the
+// integer CLI11 converts an enum option from). Without `values` the name itself is kept.
+CLI::Validator one_of(const std::vector<std::string>& names, const std::vector<long long>& values = {});
+// An integer in [lo, hi].
+CLI::Validator integer_in(long long lo, long long hi);
+// An existing regular file (inputs).
+CLI::Validator existing_file();
+// A file to write: not a directory, in a directory that exists. Whether it may be replaced
+// (--force) is the command's check.
+CLI::Validator output_path();
+
+// A tolerance as help and docs write it: 1e-4, 4e-3, 1.5e-2.
+std::string tolerance_text(double v);
+// The verification thresholds of both backends, from tolerance_for (verify.h), for --help.
+std::string thresholds_text();
+
 // Adds `--device auto|cpu|cuda` to `cmd`.
 void add_device_option(CLI::App* cmd, backend_request* target);
 
 // choose_backend (forward.h) in the CLI's words: an explicit request's reason and error name the
-// --device flag. cuda without a GPU throws mxmoe::unsupported (exit code 3).
+// --device flag; auto without a usable GPU says so plainly, the CUDA error as detail. cuda
+// without a GPU throws mxmoe::unsupported (exit code 3).
 backend_choice choose_device(backend_request request);
 
 // Adds `--rule floor|even|rceil|mse` to `cmd`.
@@ -64,14 +86,19 @@ class progress_bar {
 };
 
 // One MoE layer on `backend`, verified: prepare (forward.h), run on the host inputs
-// (moe_forward_host), then verify_forward against the reference in `reference` precision.
+// (moe_forward_host), then verify_forward against the reference in `reference` precision; no
+// reference (`mxmoe run --reference none`): not verified. `progress` hears of each of the three
+// steps before it starts (the note says which).
 struct verified_run {
-  std::vector<float> out;  // the backend's output, f32 [T, H]
-  verify_result check;
+  std::vector<float> out;             // the backend's output, f32 [T, H]
+  std::optional<verify_result> check; // absent when not verified
   double backend_seconds = 0;
 };
 verified_run run_verified(const moe_weights& weights, const moe_config& cfg, const synthetic::layer_inputs& in,
-                          device_kind backend, cpu::precision reference);
+                          device_kind backend, std::optional<cpu::precision> reference,
+                          const progress_callback& progress = {});
+// "cpu f64" / "cpu f32".
+const char* reference_name(cpu::precision p);
 
 // A subcommand registers itself and its action (returns an exit code).
 using command_action = std::function<int()>;

@@ -16,19 +16,19 @@ command add_bench_command(CLI::App& root) {
       "Examples:\n  mxmoe bench\n  mxmoe bench --shapes gpt-oss-120b --tokens 1,8,128 --json bench.json\n"
       "  mxmoe bench --torch-json torch_baseline.json --peer-json peer.json --json bench.json");
   cmd->add_option("--shapes", opt->shapes, "model presets to benchmark")->delimiter(',');
-  cmd->add_option("--tokens", opt->tokens, "token counts")->delimiter(',');
-  cmd->add_option("--iters", opt->iters, "timed replays per point (median reported)")->check(CLI::Range(1, 100000));
-  cmd->add_option("--json", opt->json_out, "write the results as JSON to this file");
+  cmd->add_option("--tokens", opt->tokens, "token counts")->delimiter(',')->check(integer_in(1, int64_t{1} << 20));
+  cmd->add_option("--iters", opt->iters, "timed replays per point (median reported)")->check(integer_in(1, 100000));
+  cmd->add_option("--json", opt->json_out, "write the results as JSON to this file")->check(output_path());
   cmd->add_option("--torch-json", opt->torch_json, "torch BF16 baseline results (bench/torch_baseline.py) to compare with")
-      ->check(CLI::ExistingFile);
+      ->check(existing_file());
   cmd->add_option("--peer-json", opt->peer_json,
                   "the peer's results (bench/peer_triton.py: triton_kernels matmul_ogs as vLLM 0.33.0 runs it) to compare with")
-      ->check(CLI::ExistingFile);
+      ->check(existing_file());
   cmd->add_option("--commit", opt->commit, "commit id recorded in the JSON");
   cmd->add_option("--ep", opt->ep, "expert parallelism over P GPUs, one process each (scripts/launch.sh -n P)")
-      ->check(CLI::Range(1, 512));
+      ->check(integer_in(1, 512));
   cmd->add_option("--tp", opt->tp, "tensor parallelism over P GPUs, one process each (scripts/launch.sh -n P)")
-      ->check(CLI::Range(1, 512));
+      ->check(integer_in(1, 512));
   return {cmd, [opt] { return bench::run_moe_bench(*opt); }};
 }
 

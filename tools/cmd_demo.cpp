@@ -6,6 +6,7 @@
 #include <stdlib.h>
 
 #include <filesystem>
+#include <limits>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <random>
@@ -166,7 +167,7 @@ int run_demo(const demo_args& a) {
   const auto info = checkpoint::find_moe_layer(q, 0);
   const verified_run run = run_verified(checkpoint::mxfp4_weights(q, info), checkpoint::layer_config(q, info), in,
                                         backend.device, cpu::precision::f64);
-  const verify_result& v = run.check;
+  const verify_result& v = *run.check;
 
   if (a.json) {
     nlohmann::json j = {{"model", {{"experts", kExperts}, {"hidden", kHidden}, {"intermediate", kIntermediate}, {"top_k", kTopK},
@@ -217,9 +218,18 @@ command add_demo_command(CLI::App& root) {
       "and why) and verifies it against the float64 CPU reference. Files go to a temporary directory that is "
       "removed afterwards, unless --keep DIR.\n\n"
       "Examples:\n  mxmoe demo\n  mxmoe demo --device cpu --json\n  mxmoe demo --keep /tmp/mxmoe-demo --seed 7");
-  cmd->add_option("--seed", a->seed, "seed of the generated checkpoint and inputs")->default_val(0);
-  cmd->add_option("--tokens", a->tokens, "tokens in the verification batch")->check(CLI::Range(int64_t{1}, int64_t{4096}))->default_val(64);
-  cmd->add_option("--keep", a->keep, "write the checkpoints into this directory and keep them");
+  cmd->add_option("--seed", a->seed, "seed of the generated checkpoint and inputs")
+      ->check(integer_in(0, std::numeric_limits<long long>::max()))
+      ->default_val(0);
+  cmd->add_option("--tokens", a->tokens, "tokens in the verification batch")->check(integer_in(1, 4096))->default_val(64);
+  cmd->add_option("--keep", a->keep, "write the checkpoints into this directory (created if absent) and keep them")
+      ->check(CLI::Validator(
+          [](std::string& v) -> std::string {
+            std::error_code ec;
+            if (!std::filesystem::exists(v, ec) || std::filesystem::is_directory(v, ec)) return {};
+            return "expected a directory (or a path to create one); got '" + v + "'";
+          },
+          ""));
   add_device_option(cmd, &a->device);
   cmd->add_flag("--json", a->json, "print the results as JSON on stdout");
   return {cmd, [a] { return run_demo(*a); }};

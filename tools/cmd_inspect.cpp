@@ -63,7 +63,8 @@ int run_inspect(const inspect_args& a) {
   const safetensors_reader r(a.file);
   std::unique_ptr<safetensors_reader> source;
   if (!a.source.empty()) source = std::make_unique<safetensors_reader>(a.source);
-  const auto layers = checkpoint::find_moe_layers(r);
+  const checkpoint::moe_layer_scan scan = checkpoint::scan_moe_layers(r);
+  const auto& layers = scan.layers;
   nlohmann::json j;
   j["file"] = a.file;
   j["metadata"] = r.metadata();
@@ -79,17 +80,23 @@ int run_inspect(const inspect_args& a) {
                  e.nbytes() / 1048576.0);
   }
   j["moe_layers"] = nlohmann::json::array();
+  j["refused_layers"] = nlohmann::json::array();
+  for (const auto& f : scan.refused) {
+    j["refused_layers"].push_back({{"layer", f.layer}, {"prefix", f.prefix}, {"tensor", f.tensor}, {"reason", f.reason}});
+    if (!a.json) fmt::print("MoE layer {} ({}): refused: {}\n", f.layer, f.prefix, f.reason);
+  }
   for (const auto& l : layers) {
     nlohmann::json lj = {{"layer", l.layer},
                          {"prefix", l.prefix},
-                         {"layout", checkpoint::to_string(l.layout)},
+                         {"layout", checkpoint::layout_label(l)},
+                         {"weight_dtype", to_string(l.weight_type)},
                          {"experts", l.shape.experts},
                          {"hidden", l.shape.hidden},
                          {"intermediate", l.shape.intermediate},
                          {"biases", !l.gate_up_bias.empty() || !l.down_bias.empty()},
                          {"router", l.router_weight}};
     if (!a.json)
-      fmt::print("MoE layer {} ({}): {}, E={} H={} I={}{}{}\n", l.layer, l.prefix, checkpoint::to_string(l.layout),
+      fmt::print("MoE layer {} ({}): {}, E={} H={} I={}{}{}\n", l.layer, l.prefix, checkpoint::layout_label(l),
                  l.shape.experts, l.shape.hidden, l.shape.intermediate, l.gate_up_bias.empty() ? "" : ", biases",
                  l.router_weight.empty() ? "" : ", router " + l.router_weight);
     if (l.layout == checkpoint::moe_layout::mxfp4_gpt_oss) {
@@ -103,7 +110,11 @@ int run_inspect(const inspect_args& a) {
         if (!a.json) print_census(blocks, c);
       }
       if (source) {
-        const auto m = checkpoint::match_scale_rules(r, l, *source);
+        std::array<checkpoint::rule_match, checkpoint::kRuleCount> m;
+        {  // the bar is cleared before the results are printed
+          progress_bar bar("inspect");
+          m = checkpoint::match_scale_rules(r, l, *source, bar.callback());
+        }
         for (size_t k = 0; k < checkpoint::kRuleCount; ++k) {
           const char* rule = mx::to_string(mx::kAllScaleRules[k]);
           lj["source_match"][rule] = {{"scales_equal_pct", pct(m[k].scales_equal, m[k].blocks)},
@@ -117,6 +128,10 @@ int run_inspect(const inspect_args& a) {
     j["moe_layers"].push_back(lj);
   }
   if (a.json) fmt::print("{}\n", j.dump(2));
+  if (!scan.refused.empty()) {
+    fmt::print(stderr, "mxmoe: {} MoE layer{} refused (listed above)\n", scan.refused.size(), scan.refused.size() == 1 ? "" : "s");
+    return kBadInput;
+  }
   return kOk;
 }
 
@@ -138,9 +153,9 @@ command add_inspect_command(CLI::App& root) {
       "the rule that reproduces 100% of the scales and blocks is the one used.\n\n"
       "Examples:\n  mxmoe inspect model-mxfp4.safetensors\n"
       "  mxmoe inspect model-mxfp4.safetensors --source model-bf16.safetensors --json");
-  cmd->add_option("FILE", a->file, "safetensors file")->required()->check(CLI::ExistingFile);
+  cmd->add_option("FILE", a->file, "safetensors file")->required()->check(existing_file());
   cmd->add_option("--source", a->source, "the BF16 checkpoint FILE was quantized from: recompute every rule")
-      ->check(CLI::ExistingFile);
+      ->check(existing_file());
   cmd->add_flag("--json", a->json, "print the report as JSON on stdout");
   return {cmd, [a] { return run_inspect(*a); }};
 }

@@ -25,6 +25,6 @@ struct parallel_outcome {
 // (T must be a multiple of P); TP: every rank the whole call and shard {r, P} of I.
 parallel_outcome run_verified_parallel(const moe_weights& weights, const moe_config& cfg,
                                        const synthetic::layer_inputs& in, device_kind backend,
-                                       cpu::precision reference, const parallel_request& request);
+                                       std::optional<cpu::precision> reference, const parallel_request& request);
 
 }  // namespace mxmoe::cli

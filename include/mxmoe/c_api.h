@@ -135,10 +135,10 @@ typedef struct mxmoe_moe_weights {
   const mxmoe_tensor* down_scales;    /* mxfp4: u8 [E, H, I/32] */
   const mxmoe_tensor* gate_up;        /* bf16: [E, 2I, H] */
   const mxmoe_tensor* down;           /* bf16: [E, H, I] */
-  const mxmoe_tensor* gate_up_bias;   /* bf16 | f32 [E, 2I] */
-  const mxmoe_tensor* down_bias;      /* bf16 | f32 [E, H] */
-  const mxmoe_tensor* router_weight;  /* bf16 | f32 [E, H] */
-  const mxmoe_tensor* router_bias;    /* bf16 | f32 [E] */
+  const mxmoe_tensor* gate_up_bias;   /* bf16 | f16 | f32 [E, 2I] */
+  const mxmoe_tensor* down_bias;      /* bf16 | f16 | f32 [E, H] */
+  const mxmoe_tensor* router_weight;  /* bf16 | f16 | f32 [E, H] */
+  const mxmoe_tensor* router_bias;    /* bf16 | f16 | f32 [E] */
   const mxmoe_tensor* correction_bias; /* f32 [E] */
 } mxmoe_moe_weights;
 

@@ -46,9 +46,26 @@ struct moe_layer_info {
   std::vector<std::string> expert_tensors;
 };
 
+// The layout of a layer in words with its own element type: "f16 (gpt-oss fused gate_up)",
+// "mxfp4 (gpt-oss)" (the enum's "bf16" stands for any float type).
+std::string layout_label(const moe_layer_info& info);
+
 // Every MoE layer of the file, ordered by layer index. Throws format_error naming the tensor
 // when a layer is incomplete or its shapes disagree.
 std::vector<moe_layer_info> find_moe_layers(const safetensors_reader& file);
+// The same, for a tool that must show what it can read (`mxmoe inspect`): the layers that are
+// well-formed, and for each one that is not, the first problem found instead of an exception.
+struct refused_layer {
+  int64_t layer = 0;
+  std::string prefix;
+  std::string tensor;  // the tensor at fault, as the file names it
+  std::string reason;  // the format_error's message
+};
+struct moe_layer_scan {
+  std::vector<moe_layer_info> layers;
+  std::vector<refused_layer> refused;
+};
+moe_layer_scan scan_moe_layers(const safetensors_reader& file);
 // The layer with index `layer`; throws mxmoe::invalid_argument ("layer") listing what exists.
 moe_layer_info find_moe_layer(const safetensors_reader& file, int64_t layer);
 

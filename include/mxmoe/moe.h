@@ -72,9 +72,9 @@ struct moe_weights {
   tensor_view gate_up_blocks, gate_up_scales;  // mxfp4: u8 [E, 2I, H/32, 16], u8 [E, 2I, H/32]
   tensor_view down_blocks, down_scales;    // mxfp4: u8 [E, H, I/32, 16],  u8 [E, H, I/32]
   tensor_view gate_up, down;           // bf16:  bf16 [E, 2I, H], bf16 [E, H, I]
-  tensor_view gate_up_bias, down_bias; // optional bf16 | f32 [E, 2I], [E, H]
-  tensor_view router_weight;           // optional bf16 | f32 [E, H] (when logits are not given)
-  tensor_view router_bias;             // optional bf16 | f32 [E]
+  tensor_view gate_up_bias, down_bias; // optional bf16 | f16 | f32 [E, 2I], [E, H]
+  tensor_view router_weight;           // optional bf16 | f16 | f32 [E, H] (when logits are not given)
+  tensor_view router_bias;             // optional bf16 | f16 | f32 [E]
   tensor_view correction_bias;         // optional f32 [E] (sigmoid_grouped_topk only)
 };
 
@@ -106,8 +106,8 @@ namespace cpu {
 void route(const tensor_view& logits, const tensor_view& correction_bias, const routing_config& cfg,
            const tensor_view& ids_out, const tensor_view& weights_out);
 
-// Router logits from weights: x [T, H] bf16 | f32, router_weight [E, H], router_bias [E] ->
-// logits_out f32 [T, E], accumulated in float64.
+// Router logits from weights: x [T, H] bf16 | f32, router_weight [E, H] and router_bias [E] bf16 | f16 | f32
+// -> logits_out f32 [T, E], accumulated in float64.
 void router_logits(const tensor_view& x, const tensor_view& router_weight, const tensor_view& router_bias,
                    const tensor_view& logits_out);
 

@@ -225,22 +225,26 @@ def _is_mxfp4(weights: dict[str, Any]) -> bool:
 
 def weights_c(weights: dict[str, Any], *, host_only_to_cpu: bool = False, prefix: str = "weights",
               writable: bool = False) -> _lib.MoeWeightsC:
-    """The mxmoe_moe_weights of checkpoint-layout tensors by name (the struct keeps their views
-    alive). ``host_only_to_cpu``: biases and router tensors on a CUDA device are copied to the host
-    (where the CUDA layer reads them)."""
+    """The mxmoe_moe_weights of checkpoint-layout tensors by name. The struct keeps their views
+    and the host copies it made alive; the caller keeps ``weights`` alive while it uses the struct
+    (a view holds only a data pointer). ``host_only_to_cpu``: biases and router tensors on a CUDA
+    device are copied to the host (where the CUDA layer reads them)."""
     unknown = sorted(set(weights) - set(_lib.WEIGHT_FIELDS))
     if unknown:
         raise invalid(unknown[0], "one of " + ", ".join(_lib.WEIGHT_FIELDS), "an unknown weight name")
-    views = {}
+    views, copies = {}, []
     for name in _lib.WEIGHT_FIELDS:
         value = weights.get(name)
         if value is None:
             continue
         if host_only_to_cpu and name in _HOST_ONLY and _tensor.is_torch(value) and value.is_cuda:
             value = value.detach().cpu()
+            copies.append(value)
         views[name] = _tensor.view(value, f"{prefix}.{name}", writable=writable)
-    return _lib.MoeWeightsC(_lib.WEIGHTS_MXFP4 if _is_mxfp4(weights) else _lib.WEIGHTS_BF16,
-                            *(views.get(n) for n in _lib.WEIGHT_FIELDS))
+    struct = _lib.MoeWeightsC(_lib.WEIGHTS_MXFP4 if _is_mxfp4(weights) else _lib.WEIGHTS_BF16,
+                              *(views.get(n) for n in _lib.WEIGHT_FIELDS))
+    struct._copies = copies
+    return struct
 
 
 def checkpoint_shapes(config: MoEConfig, format: str) -> dict[str, tuple[int, ...]]:
@@ -339,6 +343,9 @@ def moe_forward(
                                       "workspace")
         ws_ptr, ws_bytes, ws_device = _tensor.buffer(workspace, "workspace")
         if ws_device != layer._device:
+            x_device = _tensor.device_of(x)
+            if x_device != layer._device:  # the default workspace follows x: name the cause
+                raise invalid("x", f"memory on {layer.device} (where the layer is)", f"memory on {device_name(x_device)}")
             raise invalid("workspace", f"memory on {layer.device} (where the layer is)",
                           f"memory on {device_name(ws_device)}")
     status = _lib.lib.mxmoe_moe_forward(

@@ -125,10 +125,13 @@ def verify(weights: MoEWeights, x: Any, out: Any, *, logits: Any = None, topk_id
     device_type = _backend(backend, out)
     ref = _lib.index(_lib.REFERENCES, reference, "reference")
     r = _lib.VerifyResultC()
-    cw = MoEWeights(weights.config, {k: _host(v) for k, v in weights.tensors.items()})._c()
+    # The host copies must outlive the call: a view holds only their data pointer.
+    host_weights = MoEWeights(weights.config, {k: _host(v) for k, v in weights.tensors.items()})
+    cw = host_weights._c()
+    x, logits, topk_ids, topk_weights, out = (_host(t) for t in (x, logits, topk_ids, topk_weights, out))
     _lib.check(_lib.lib.mxmoe_verify(
-        ctypes.byref(weights.config._to_c()), ctypes.byref(cw), _tensor.view(_host(x), "x"),
-        _tensor.view(_host(logits), "routing.logits"), _tensor.view(_host(topk_ids), "routing.ids"),
-        _tensor.view(_host(topk_weights), "routing.weights"), _tensor.view(_host(out), "out"), device_type, ref,
+        ctypes.byref(weights.config._to_c()), ctypes.byref(cw), _tensor.view(x, "x"),
+        _tensor.view(logits, "routing.logits"), _tensor.view(topk_ids, "routing.ids"),
+        _tensor.view(topk_weights, "routing.weights"), _tensor.view(out, "out"), device_type, ref,
         ctypes.byref(r)))
     return _result(r)

@@ -158,6 +158,9 @@ def swap_block(block: torch.nn.Module, q: QuantizedBlock, device: Any = None) ->
     def forward(hidden_states: torch.Tensor):
         shape = hidden_states.shape
         x = hidden_states.reshape(-1, shape[-1])
+        if layer.is_cuda:
+            # The layer reads bf16 x: route on the same values (a no-op for a bf16 model).
+            x = x.to(torch.bfloat16).to(x.dtype)
         logits, extra = s.logits(x)
         if layer.is_cuda:
             x, logits = x.to(torch.bfloat16), logits.float()

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 import mxmoe
+import mxmoe.torch
 from conftest import requires_cuda
 
 DTYPES = [torch.bfloat16, torch.float16, torch.float32]
@@ -129,8 +130,6 @@ def test_cuda_matches_cpu_bitwise(rule, layout, dtype):
     assert_same_stats(got[2], want[2])
     stats = torch.empty(8, dtype=torch.int64, device="cuda")
     mxmoe.quantize(x.cuda(), rule, layout, device_stats=stats)
-    import mxmoe.torch
-
     assert_same_stats(mxmoe.torch.stats_from_tensor(stats), want[2])
     for out_dtype in ("f32", "bf16"):
         assert torch.equal(mxmoe.dequantize(got[0], got[1], layout, dtype=out_dtype).cpu(),

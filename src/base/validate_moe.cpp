@@ -15,6 +15,7 @@ namespace {
 
 constexpr int64_t kMaxExperts = 512;
 constexpr int kMaxTopK = 16;
+constexpr std::initializer_list<dtype> kFloatTypes{dtype::bf16, dtype::f16, dtype::f32};
 
 std::string dtype_list(std::initializer_list<dtype> types) {
   std::string s;
@@ -160,10 +161,12 @@ void validate(const moe_weights& w, const moe_config& cfg, const std::vector<int
     check_unused(w.down_blocks, "weights.down_blocks", "format is bf16: use down");
     check_unused(w.down_scales, "weights.down_scales", "format is bf16: use down");
   }
-  check_optional(w.gate_up_bias, "weights.gate_up_bias", {dtype::bf16, dtype::f32}, {e, 2 * i});
-  check_optional(w.down_bias, "weights.down_bias", {dtype::bf16, dtype::f32}, {e, h});
-  check_optional(w.router_weight, "weights.router_weight", {dtype::bf16, dtype::f32}, {all, h});
-  check_optional(w.router_bias, "weights.router_bias", {dtype::bf16, dtype::f32}, {all});
+  // Biases and router tensors in any float type a checkpoint stores them in (quantize copies them
+  // unchanged); every backend widens them with load_float (dtype.h) or its device twin.
+  check_optional(w.gate_up_bias, "weights.gate_up_bias", kFloatTypes, {e, 2 * i});
+  check_optional(w.down_bias, "weights.down_bias", kFloatTypes, {e, h});
+  check_optional(w.router_weight, "weights.router_weight", kFloatTypes, {all, h});
+  check_optional(w.router_bias, "weights.router_bias", kFloatTypes, {all});
   if (is_absent(w.router_weight))
     check_unused(w.router_bias, "weights.router_bias", "router_bias needs weights.router_weight");
   check_optional(w.correction_bias, "weights.correction_bias", {dtype::f32}, {all});

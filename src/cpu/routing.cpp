@@ -184,13 +184,13 @@ void route(const tensor_view& logits, const tensor_view& correction_bias, const 
 void router_logits(const tensor_view& x, const tensor_view& router_weight, const tensor_view& router_bias,
                    const tensor_view& logits_out) {
   check_matrix(x, "x", "bf16 | f32 [T, H]");
-  check_matrix(router_weight, "router_weight", "bf16 | f32 [E, H]");
+  check_matrix(router_weight, "router_weight", "bf16 | f16 | f32 [E, H]");
   const int64_t t = x.dim(0), h = x.dim(1), e = router_weight.dim(0);
   check_tensor(x, "x", {dtype::bf16, dtype::f32}, {t, h});
-  check_tensor(router_weight, "router_weight", {dtype::bf16, dtype::f32}, {e, h});
+  check_tensor(router_weight, "router_weight", {dtype::bf16, dtype::f16, dtype::f32}, {e, h});
   if (!is_absent(router_bias)) {
     check_host(router_bias, "router_bias");
-    check_tensor(router_bias, "router_bias", {dtype::bf16, dtype::f32}, {e});
+    check_tensor(router_bias, "router_bias", {dtype::bf16, dtype::f16, dtype::f32}, {e});
   }
   check_host(logits_out, "logits_out");
   check_tensor(logits_out, "logits_out", {dtype::f32}, {t, e});

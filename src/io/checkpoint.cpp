@@ -170,7 +170,19 @@ std::vector<tensor_decl> mxfp4_layer_decls(const std::string& prefix, const moe_
           {n.down_scales, dtype::u8, {dn.experts, dn.rows, dn.scale_cols()}}};
 }
 
-std::vector<moe_layer_info> find_moe_layers(const safetensors_reader& file) {
+std::string layout_label(const moe_layer_info& info) {
+  switch (info.layout) {
+    case moe_layout::mxfp4_gpt_oss: return to_string(info.layout);
+    case moe_layout::bf16_gpt_oss: return std::string(to_string(info.weight_type)) + " (gpt-oss fused gate_up)";
+    case moe_layout::bf16_per_expert:
+      return std::string(to_string(info.weight_type)) + " (per-expert gate/up/down, Qwen3/DeepSeek)";
+  }
+  return "?";
+}
+
+namespace {
+// The MoE layers the tensor names announce, by layer index (not yet checked).
+std::map<int64_t, candidate> find_candidates(const safetensors_reader& file) {
   std::map<int64_t, candidate> found;
   auto add = [&](const std::string& name, const std::string& prefix, const std::string& layer_text, moe_layout l) {
     if (layer_text.size() > 9) throw format_error(file.path(), name, "layer index out of range");
@@ -193,9 +205,26 @@ std::vector<moe_layer_info> find_moe_layers(const safetensors_reader& file) {
     if (part != "gate_proj.weight" && part != "up_proj.weight" && part != "down_proj.weight") continue;
     add(e.name, prefix, layer, moe_layout::bf16_per_expert)->experts.insert(std::stoll(rest.substr(0, dot)));
   }
+  return found;
+}
+}  // namespace
+
+std::vector<moe_layer_info> find_moe_layers(const safetensors_reader& file) {
   std::vector<moe_layer_info> layers;
-  for (const auto& [index, c] : found) layers.push_back(describe_layer(file, c, index));
+  for (const auto& [index, c] : find_candidates(file)) layers.push_back(describe_layer(file, c, index));
   return layers;
+}
+
+moe_layer_scan scan_moe_layers(const safetensors_reader& file) {
+  moe_layer_scan scan;
+  for (const auto& [index, c] : find_candidates(file)) {
+    try {
+      scan.layers.push_back(describe_layer(file, c, index));
+    } catch (const format_error& e) {
+      scan.refused.push_back({index, c.prefix, e.tensor(), e.what()});
+    }
+  }
+  return scan;
 }
 
 moe_layer_info find_moe_layer(const safetensors_reader& file, int64_t layer) {
@@ -280,7 +309,14 @@ void attach_layer_tensors(const safetensors_reader& file, const moe_layer_info& 
   if (!info.down_bias.empty()) w.down_bias = file.tensor(info.down_bias);
   if (!info.router_weight.empty()) w.router_weight = file.tensor(info.router_weight);
   if (!info.router_bias.empty()) w.router_bias = file.tensor(info.router_bias);
-  if (!info.correction_bias.empty()) w.correction_bias = file.tensor(info.correction_bias);
+  if (!info.correction_bias.empty()) {
+    // The routing reads the correction bias as float32 (moe.h); say so in the file's terms
+    // rather than letting validate() name an internal field.
+    const safetensors_entry& e = file.entry(info.correction_bias);
+    if (e.type != dtype::f32)
+      throw format_error(file.path(), e.name, std::string("dtype ") + safetensors_dtype_name(e.type) + ", expected F32");
+    w.correction_bias = file.tensor(info.correction_bias);
+  }
 }
 }  // namespace
 

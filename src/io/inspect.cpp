@@ -42,7 +42,8 @@ scale_census take_census(const layout::checkpoint_mxfp4& g, const uint8_t* block
 }
 
 std::array<rule_match, kRuleCount> match_scale_rules(const safetensors_reader& file, const moe_layer_info& info,
-                                                     const safetensors_reader& source) {
+                                                     const safetensors_reader& source,
+                                                     const progress_callback& on_progress) {
   const moe_layer_info src = find_moe_layer(source, info.layer);
   MXMOE_CHECK_ARG(src.layout != moe_layout::mxfp4_gpt_oss, "source", "a BF16 checkpoint", "an MXFP4 one");
   MXMOE_CHECK_ARG(src.shape.experts == info.shape.experts && src.shape.hidden == info.shape.hidden &&
@@ -77,6 +78,8 @@ std::array<rule_match, kRuleCount> match_scale_rules(const safetensors_reader& f
         m[r].blocks += g->rows * g->scale_cols();
       }
     }
+    if (on_progress)
+      on_progress({e + 1, info.shape.experts, "layer " + std::to_string(info.layer) + " expert " + std::to_string(e)});
   }
   return m;
 }

@@ -363,7 +363,7 @@ TEST(RouterLogitsBadInput, ShapesDtypesAndNulls) {
       {"router_weight", xv, tensor_view(w.data(), dtype::i32, {e, h}), bv, ov},
       {"router_weight", xv, tensor_view(), bv, ov},
       {"router_bias", xv, wv, tensor_view(b.data(), dtype::f32, {e + 1}), ov},
-      {"router_bias", xv, wv, tensor_view(b.data(), dtype::f16, {e}), ov},
+      {"router_bias", xv, wv, tensor_view(b.data(), dtype::i32, {e}), ov},
       {"logits_out", xv, wv, bv, tensor_view(out.data(), dtype::f32, {t, e + 1})},
       {"logits_out", xv, wv, bv, tensor_view(out.data(), dtype::bf16, {t, e})},
       {"logits_out", xv, wv, bv, tensor_view(nullptr, dtype::f32, {t, e})},

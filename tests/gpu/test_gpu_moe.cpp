@@ -49,7 +49,9 @@ TEST_P(GpuMoe, MatchesReferenceAtEveryTileResidue) {
 // 64, 128) and each routing path (the one-CTA plan routing itself for T <= 16 and E <= 256,
 // route + plan up to 8192 pairs, the four-step path beyond). The decode_split_k cases have few
 // tiles and a long K, so that the decode GEMM splits K over 2 and 4 warp groups (unevenly: 33
-// fragment tiles) at T <= 16, in GEMM1 and in GEMM2 respectively.
+// fragment tiles) at T <= 16, in GEMM1 and in GEMM2 respectively; decode_split_k_16_tokens (4.5
+// to 20 pairs per expert) splits both GEMMs over 2 groups in 16-token tiles (T = 12, 17, 20; T = 9:
+// 8-token tiles, GEMM2 over 4 groups) and runs 32-token tiles, unsplit, at T = 40.
 INSTANTIATE_TEST_SUITE_P(
     Shapes, GpuMoe,
     testing::Values(
@@ -72,7 +74,9 @@ INSTANTIATE_TEST_SUITE_P(
         shape_case{"decode_split_k_gemm1", 8, 2080, 96, 2, routing_kind::topk_softmax, activation_kind::swiglu_clamped,
                    layout::gate_up_order::interleaved, true, {1, 3, 8, 9, 16, 17, 40}},
         shape_case{"decode_split_k_gemm2", 8, 64, 2080, 1, routing_kind::softmax_topk, activation_kind::silu_mul,
-                   layout::gate_up_order::concatenated, false, {1, 5, 12, 33}}),
+                   layout::gate_up_order::concatenated, false, {1, 5, 12, 33}},
+        shape_case{"decode_split_k_16_tokens", 4, 2080, 2080, 2, routing_kind::softmax_topk,
+                   activation_kind::silu_mul, layout::gate_up_order::interleaved, true, {9, 12, 17, 20, 40}}),
     [](const testing::TestParamInfo<shape_case>& i) { return std::string(i.param.name); });
 
 // Scale bytes 0 and above 128 take the two-multiply dequantization (2^(s-1) is no normal bf16
@@ -119,7 +123,10 @@ TEST(GpuMoeRouting, AllTokensOnOneExpert) {
   const moe_config cfg = make_cfg(8, 160, 96, 1, routing_kind::softmax_topk, activation_kind::silu_mul,
                                   layout::gate_up_order::interleaved);
   const host_moe m = make_moe(cfg, true, rng);
-  for (int64_t T : {1, 33, 40, 700}) {  // 33, 40: decode tiles of 32 + 1 and 32 + 8 on one expert
+  // Decode tiles on one expert (the tile width follows the uniform estimate T / 8 pairs per
+  // expert): 33: 4 x 8 + 1; 40: 16 + 16 + 8; 65: 4 x 16 + 1; 73: 4 x 16 + 9; 137: 4 x 32 + 9;
+  // 160: 5 x 32.
+  for (int64_t T : {1, 33, 40, 65, 73, 137, 160, 700}) {
     const std::vector<int32_t> ids(static_cast<size_t>(T), 3);
     const run_result r = run_case(m, T, routing_mode::precomputed, rng, cpu::precision::f64, &ids);
     expect_close(r.out, r.ref, "one expert T=" + std::to_string(T));
@@ -224,7 +231,7 @@ TEST(GpuMoeGraph, CapturedForwardReplaysWithNewInputs) {
   const host_moe m = make_moe(cfg, true, rng);
   const moe_weights w = m.weights();
   const cuda::moe_layer layer(w, cfg);
-  // T = 1 and 8: the plan kernel routes, decode tiles of 8; T = 37: route + plan, tiles of 32.
+  // T = 1 and 8: the plan kernel routes, decode tiles of 8; T = 37: route + plan, tiles of 16.
   expect_graph_replays(layer, w, {1, 8, 37}, rng);
 }
 

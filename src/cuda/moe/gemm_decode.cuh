@@ -56,6 +56,14 @@ struct decode_shape {
   static constexpr int kSteps = 4;                 // fragment tiles per stage and warp
   static constexpr int kStages = 3;                // stages, kStages - 1 in flight
   static constexpr int kMaxGroups = 4 / NT;        // so that k_groups * BN <= 32
+  // CTAs per SM the registers are bounded for. The 16-token CTA fits 3 per SM (77 registers,
+  // 3 x 75 KB of shared memory) only when its tile rows live in the ring (kRowsInRing); the
+  // 8-token one fits 3 with 79 registers as it is; the 32-token one 2.
+  static constexpr int kMinBlocks = NT == 2 ? 3 : 2;
+  // The tile's row arrays (2 * BN ints) in the B part of the last ring slot, which no copy
+  // writes before the main loop's first barrier, instead of after the ring: 128 bytes less, which
+  // is what a third 16-token CTA per SM needs. GEMM2 reads them again for its epilogue.
+  static constexpr bool kRowsInRing = NT == 2;
   static constexpr int kRowBytes = 128;            // one B row of one fragment tile
   static constexpr int kCodeBytes = kSteps * layout::sm90_fragment::kTileBytes;        // a warp's codes per stage
   static constexpr int kScaleBytes = kSteps * layout::sm90_fragment::kTileScaleBytes;  // ... and scales
@@ -69,7 +77,10 @@ struct decode_shape {
   static_assert(kChunks * kTileStride == kMaxGroups * kSteps, "chunks cover a stage");
   static constexpr int b_stage_bytes(int k_groups) { return k_groups * kSteps * BN * kRowBytes; }
   static constexpr int stage_bytes(int k_groups) { return kAStageBytes + b_stage_bytes(k_groups); }
-  static constexpr int smem_bytes(int k_groups) { return kStages * stage_bytes(k_groups) + 2 * BN * 4; }
+  static constexpr int smem_bytes(int k_groups) {
+    return kStages * stage_bytes(k_groups) + (kRowsInRing ? 0 : 2 * BN * 4);
+  }
+  static_assert(!kRowsInRing || b_stage_bytes(1) >= 2 * BN * 4, "the rows fit in a slot's B part");
   static_assert(kAStageBytes % 128 == 0, "B stages stay 128-byte aligned");
 };
 
@@ -78,7 +89,7 @@ using decode_16 = decode_shape<2>;
 using decode_32 = decode_shape<4>;
 
 template <class S>
-__global__ void __launch_bounds__(S::kThreads, 2)
+__global__ void __launch_bounds__(S::kThreads, S::kMinBlocks)
     moe_gemm_decode_kernel(gemm_weights w, const uint16_t* __restrict__ b_rows, moe_workspace ws, int top_k,
                            epilogue_kind ep, activation_config act, int k_groups, bool early_weights) {
   extern __shared__ __align__(128) uint8_t smem[];
@@ -137,7 +148,8 @@ __global__ void __launch_bounds__(S::kThreads, 2)
   detail::allow_dependent_launch();
 
   // Per B row: the activation row it reads, and (GEMM2) the pair it writes.
-  int* row_src = reinterpret_cast<int*>(smem + S::kStages * stage_bytes);
+  int* row_src = reinterpret_cast<int*>(smem + S::kStages * stage_bytes -
+                                        (S::kRowsInRing ? S::b_stage_bytes(k_groups) : 0));
   int* row_pair = row_src + S::BN;
   detail::load_tile_rows(td, ws, ep, top_k, S::BN, row_src, row_pair);
   __syncthreads();
@@ -262,6 +274,10 @@ __global__ void __launch_bounds__(S::kThreads, 2)
         for (int n = 0; n < S::NT; ++n)
 #pragma unroll
           for (int q = 0; q < 4; ++q) acc[n][q] += red[((((g - 1) * warps_m + wm) * S::NT + n) * 4 + q) * 32 + lane];
+  }
+  if (S::kRowsInRing && ep == epilogue_kind::weighted_down) {  // the ring overwrote them
+    detail::load_tile_rows(td, ws, ep, top_k, S::BN, row_src, row_pair);
+    __syncthreads();
   }
   if (wk == 0 && active) detail::store_row_tile<S::NT>(acc, rt, 0, td, row_pair, w, ws, ep, act);
 }

@@ -42,11 +42,18 @@ moe_path requested_path() {
   return s == "legacy" ? moe_path::legacy : s == "prefill" ? moe_path::prefill : moe_path::standard;
 }
 
-// The tile shape of both GEMMs, from the tokens per touched expert if routing were uniform
-// (host-known: no sync). The one place that chooses; a new kernel is hooked in here.
+// Pairs per touched expert if routing were uniform (host-known: no sync): what the tile choices
+// below go by.
+int64_t pairs_per_expert(int64_t tokens, int top_k, int64_t experts) {
+  const int64_t pairs = tokens * top_k;
+  return pairs / std::max<int64_t>(1, std::min(experts, pairs));
+}
+
+// The tile shape of both GEMMs, from the pairs per touched expert. The one place that chooses; a
+// new kernel is hooked in here.
 gemm_config pick_config(int64_t tokens, int top_k, int64_t experts, moe_path path) {
   const int64_t pairs = tokens * top_k;
-  const int64_t per_expert = pairs / std::max<int64_t>(1, std::min(experts, pairs));
+  const int64_t per_expert = pairs_per_expert(tokens, top_k, experts);
   if (path == moe_path::legacy)
     return per_expert <= 16 ? gemm_config::legacy_decode : per_expert <= 64 ? gemm_config::mid : gemm_config::large;
   if (pairs <= sm90::kPlanMaxPairs && per_expert <= 20) return gemm_config::decode;
@@ -56,9 +63,25 @@ gemm_config pick_config(int64_t tokens, int top_k, int64_t experts, moe_path pat
   return gemm_config::large;
 }
 
-// Tokens per tile of the decode GEMM: a tile never holds more than T pairs (a token picks an
-// expert once), so the smallest of 8, 16, 32 that holds T, or 32.
-int decode_tokens_per_tile(int64_t tokens) { return tokens <= 8 ? 8 : tokens <= 16 ? 16 : 32; }
+// Tokens per tile of the decode GEMM. A tile never holds more than T pairs (a token picks an
+// expert once), so never more than the smallest of 8, 16, 32 that holds T. Below that bound the
+// narrower tiles up to 16 pairs per expert: 8- and 16-token CTAs fit 3 per SM (79 / 77 registers,
+// 65 / 75 KB of shared memory) against 2 of the 32-token one (93 registers, 102 KB), i.e. 1.5x the
+// weight bytes in flight, which is what the GEMMs wait for at these sizes. The 8-token tile up to 4
+// pairs per expert, except under grouped sigmoid routing: its correction bias concentrates the
+// pairs on fewer experts than the uniform estimate, and an expert with more pairs than the tile
+// gets several tiles, each converting its weights again. Measured on an H200 (performance.md,
+// 2026-12-02), against the 32-token tile at 2 CTAs per SM: 8 tokens 14-17 % faster at 1-4 pairs per
+// expert under softmax routing (gpt-oss-120b, Qwen3 T = 32-128), 35 % slower at 16 (gpt-oss-120b
+// T = 512); 16 tokens at 3 CTAs per SM 15 % faster at Qwen3 T = 128 (8 pairs), 1.5 % and 3 % at
+// gpt-oss-120b and Kimi-K2 T = 512 (16 and 10), 3-8 % faster than 8 tokens at Kimi-K2 and
+// DeepSeek-V3 T = 64-128.
+int decode_tokens_per_tile(int64_t tokens, int64_t per_expert, routing_kind routing) {
+  const int by_tokens = tokens <= 8 ? 8 : tokens <= 16 ? 16 : 32;
+  const bool skewed = routing == routing_kind::sigmoid_grouped_topk;
+  const int by_pairs = per_expert <= 4 && !skewed ? 8 : per_expert <= 16 ? 16 : 32;
+  return std::min(by_tokens, by_pairs);
+}
 
 // Upper bound of the tile count: sum_e ceil(c_e / BN) <= pairs / BN + min(E, pairs).
 int64_t max_tiles(int64_t pairs, int64_t experts, int bn) { return pairs / bn + std::min(experts, pairs); }
@@ -288,7 +311,7 @@ void moe_layer::forward(const tensor_view& x, const routing_input& routing, cons
   const gemm_config gc = pick_config(T, k, E, m.path);
   const bool decode = gc == gemm_config::decode;
   const bool prefill = gc == gemm_config::prefill_narrow || gc == gemm_config::prefill_wide;
-  const int bn = decode ? decode_tokens_per_tile(T) : sm90::gemm_tokens_per_tile(gc);
+  const int bn = decode ? decode_tokens_per_tile(T, pairs_per_expert(T, k, E), c.routing.kind) : sm90::gemm_tokens_per_tile(gc);
   const int64_t tiles = max_tiles(pairs, E, bn);
   const int32_t* expert_map = static_cast<const int32_t*>(m.expert_map.data());
 

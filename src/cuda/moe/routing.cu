@@ -2,7 +2,7 @@
 //
 // route_token: one warp routes one token; each lane holds up to 16 of the E <= 512 logits. Top-k
 //           by k rounds of a warp arg-max (ties: lower expert index), then the routing kind's
-//           weights (BRIEF §4; the CPU reference cpu::route defines them).
+//           weights (docs/models.md; the CPU reference cpu::route defines them).
 //
 // Up to kPlanMaxPairs token-expert pairs (decode and the transition), no memset:
 //   route:  (T > kPlanRouteMaxTokens) route_token per warp, ids[p] and weights[p] only.
