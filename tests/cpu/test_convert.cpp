@@ -9,6 +9,7 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -18,6 +19,8 @@
 #include "cpu/convert_cases.h"
 #include "cpu/convert_golden.h"
 #include "mxmoe/convert.h"
+#include "mxmoe/error.h"
+#include "mxmoe/safetensors.h"
 
 namespace fs = std::filesystem;
 using namespace mxmoe;
@@ -98,5 +101,66 @@ TEST(ConvertGolden, QuantizeAndDequantizeBytesAsBefore) {
     EXPECT_EQ(v.file, it->second.file) << k << ": output bytes differ from the golden file";
     EXPECT_EQ(v.report, it->second.report) << k << ": report differs from the golden report";
   }
+  fs::remove_all(d);
+}
+
+// The CPU path's workers take matrices in any order; the output and the report (statistics summed
+// in file order) must not depend on how many there are.
+TEST(ConvertThreads, SameBytesAndReportForAnyWorkerCount) {
+  const fs::path d = fresh_dir("threads");
+  for (const case_spec& c : all_cases()) {
+    const std::string in = (d / "in.safetensors").string();
+    write_case(c, in);
+    const auto golden = golden_table();
+    for (int threads : {1, 2, 3, 7}) {
+      quantize_options o = options_for(c, mx::scale_rule::mse);
+      o.threads = threads;
+      const std::string out = (d / "q.safetensors").string();
+      const quantize_report rep = quantize_checkpoint(in, out, o);
+      const std::string key = case_name(c) + "/mse";
+      EXPECT_EQ(file_hash(out), golden.at(key).file) << key << " with " << threads << " threads";
+      EXPECT_EQ(report_hash(rep), golden.at(key).report) << key << " with " << threads << " threads";
+      EXPECT_EQ(rep.workers, threads) << key;
+    }
+  }
+  fs::remove_all(d);
+}
+
+// NaN / Inf refused by default, naming the tensor as the file names it, the expert and the first
+// [row, col] of that expert's matrix in the file; nothing written.
+TEST(ConvertNonfinite, RefusedWithTensorExpertAndIndex) {
+  const fs::path d = fresh_dir("nonfinite");
+  int refused = 0;
+  for (const case_spec& c : all_cases()) {
+    if (!c.nonfinite) continue;
+    const std::string in = (d / "in.safetensors").string(), out = (d / "out.safetensors").string();
+    write_case(c, in);
+    quantize_options o = options_for(c, mx::scale_rule::even);
+    o.allow_nonfinite = false;
+    o.overwrite = false;
+    try {
+      quantize_checkpoint(in, out, o);
+      ADD_FAILURE() << case_name(c) << ": not refused";
+    } catch (const nonfinite_error& e) {
+      const std::string what = e.what();
+      EXPECT_NE(what.find("argument '" + e.tensor() + "'"), std::string::npos) << what;
+      EXPECT_NE(what.find(" of expert "), std::string::npos) << what;
+      EXPECT_NE(what.find(" at ["), std::string::npos) << what;
+      // The named element is non-finite in the file (row and column of the expert's matrix there).
+      const safetensors_reader r(in);
+      const auto& entry = r.entry(e.tensor());
+      const size_t at = what.find(" at [") + 5, comma = what.find(", ", at), end = what.find("]", comma);
+      const int64_t row = std::stoll(what.substr(at, comma - at)), col = std::stoll(what.substr(comma + 2, end - comma - 2));
+      const size_t ex_at = what.find(" of expert ") + 11;
+      const int64_t expert = std::stoll(what.substr(ex_at));
+      const bool fused = entry.shape.size() == 3;
+      const int64_t rows = entry.shape[fused ? 1 : 0], cols = entry.shape[fused ? 2 : 1];
+      const int64_t flat = (fused ? expert * rows * cols : 0) + row * cols + col;
+      EXPECT_FALSE(std::isfinite(load_float(r.tensor(entry).data, entry.type, flat))) << what;
+      ++refused;
+    }
+    EXPECT_FALSE(fs::exists(out)) << case_name(c);
+  }
+  EXPECT_GT(refused, 0);
   fs::remove_all(d);
 }
