@@ -51,4 +51,15 @@ void moe_layer::forward(const tensor_view&, const routing_input&, const tensor_v
   no_cuda();
 }
 
+
+struct matrix_pipeline::impl {};
+matrix_pipeline::matrix_pipeline(int, size_t, int64_t) { no_cuda(); }
+matrix_pipeline::~matrix_pipeline() = default;
+int matrix_pipeline::slots() const { return 0; }
+uint8_t* matrix_pipeline::input(int) { no_cuda(); }
+void matrix_pipeline::submit(int, dtype, const layout::matrix_source&, mx::scale_rule) { no_cuda(); }
+quant_stats matrix_pipeline::wait(int) { no_cuda(); }
+const uint8_t* matrix_pipeline::packed(int) const { no_cuda(); }
+const uint8_t* matrix_pipeline::scales(int) const { no_cuda(); }
+
 }  // namespace mxmoe::cuda

@@ -130,7 +130,8 @@ backend_choice choose_device(backend_request request) {
   }
 }
 
-progress_bar::progress_bar(std::string label) : label_(std::move(label)), enabled_(::isatty(STDERR_FILENO) == 1) {}
+progress_bar::progress_bar(std::string label)
+    : label_(std::move(label)), enabled_(::isatty(STDERR_FILENO) == 1), start_(std::chrono::steady_clock::now()) {}
 
 progress_bar::~progress_bar() {
   if (drawn_) std::fputs("\r\033[K", stderr);
@@ -141,9 +142,16 @@ void progress_bar::show(const convert_progress& p) {
   drawn_ = true;
   constexpr int kWidth = 30;
   const int filled = static_cast<int>(kWidth * std::min(p.done, p.total) / p.total);
-  std::fprintf(stderr, "\r\033[K%s [%s%s] %lld/%lld %s", label_.c_str(), std::string(static_cast<size_t>(filled), '#').c_str(),
+  std::string rate;
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
+  if (p.bytes_total > 0 && p.bytes_done > 0 && seconds > 0) {
+    const double per_s = static_cast<double>(p.bytes_done) / seconds;
+    rate = fmt::format(" {:.2f} GB/s, {:.0f} s left", per_s / 1e9,
+                       static_cast<double>(p.bytes_total - std::min(p.bytes_done, p.bytes_total)) / per_s);
+  }
+  std::fprintf(stderr, "\r\033[K%s [%s%s] %lld/%lld%s %s", label_.c_str(), std::string(static_cast<size_t>(filled), '#').c_str(),
                std::string(static_cast<size_t>(kWidth - filled), ' ').c_str(), static_cast<long long>(p.done),
-               static_cast<long long>(p.total), p.note.c_str());
+               static_cast<long long>(p.total), rate.c_str(), p.note.c_str());
   std::fflush(stderr);
 }
 

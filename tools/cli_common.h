@@ -4,6 +4,7 @@
 #pragma once
 
 #include <CLI/CLI.hpp>
+#include <chrono>
 #include <cstdint>
 #include <functional>
 #include <optional>
@@ -70,7 +71,8 @@ backend_choice choose_device(backend_request request);
 CLI::Option* add_rule_option(CLI::App* cmd, mx::scale_rule* target);
 
 // A one-line progress bar on stderr, drawn only when stderr is a terminal; fed by the library's
-// progress callback (convert.h).
+// progress callback (convert.h). When the steps carry bytes (conversions) it shows the rate in
+// GB/s of input and the time left at that rate.
 class progress_bar {
  public:
   explicit progress_bar(std::string label);
@@ -83,6 +85,7 @@ class progress_bar {
  private:
   std::string label_;
   bool enabled_ = false, drawn_ = false;
+  std::chrono::steady_clock::time_point start_;
 };
 
 // One MoE layer on `backend`, verified: prepare (forward.h), run on the host inputs

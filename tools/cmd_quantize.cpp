@@ -35,7 +35,7 @@ void print_stats_row(const std::string& name, const quant_stats& s) {
 struct quantize_args {
   std::string in, out;
   mx::scale_rule rule = mx::scale_rule::even;
-  bool force = false, json = false;
+  bool force = false, json = false, allow_nonfinite = false;
   backend_request device = backend_request::automatic;
 };
 
@@ -44,14 +44,21 @@ int run_quantize(const quantize_args& a) {
   quantize_report rep;
   {  // the bar is cleared before the report is printed
     progress_bar bar("quantize");
-    rep = quantize_checkpoint(a.in, a.out, {a.rule, backend.device, a.force, bar.callback()});
+    quantize_options o;
+    o.rule = a.rule;
+    o.device = backend.device;
+    o.overwrite = a.force;
+    o.on_progress = bar.callback();
+    o.allow_nonfinite = a.allow_nonfinite;
+    rep = quantize_checkpoint(a.in, a.out, o);
   }
   if (a.json) {
     nlohmann::json j = {{"input", a.in},        {"output", a.out},
                         {"rule", mx::to_string(a.rule)}, {"backend", backend.name},
                         {"copied_tensors", rep.copied_tensors}, {"copied_bytes", rep.copied_bytes},
                         {"input_bytes", rep.input_bytes}, {"output_bytes", rep.output_bytes},
-                        {"seconds", rep.seconds},    {"total", stats_json(rep.total)}};
+                        {"seconds", rep.seconds},    {"input_gb_per_s", rep.input_gb_per_s()},
+                        {"workers", rep.workers},    {"total", stats_json(rep.total)}};
     for (const auto& t : rep.tensors) j["tensors"].push_back({{"name", t.name}, {"shape", t.shape}, {"stats", stats_json(t.stats)}});
     fmt::print("{}\n", j.dump(2));
     return kOk;
@@ -60,9 +67,11 @@ int run_quantize(const quantize_args& a) {
   fmt::print("  {:<52} {:>9} {:>11} {:>10} {:>9}\n", "tensor", "SQNR dB", "saturated", "flushed", "NaN/Inf");
   for (const auto& t : rep.tensors) print_stats_row(t.name, t.stats);
   print_stats_row("total", rep.total);
-  fmt::print("{} tensors quantized, {} copied ({:.1f} MiB); {:.1f} MiB -> {:.1f} MiB in {:.2f} s\n", rep.tensors.size(),
-             rep.copied_tensors, rep.copied_bytes / 1048576.0, rep.input_bytes / 1048576.0, rep.output_bytes / 1048576.0,
-             rep.seconds);
+  fmt::print("{} tensors quantized, {} copied ({:.1f} MiB); {:.1f} MiB -> {:.1f} MiB in {:.2f} s ({:.2f} GB/s of input, "
+             "{} {})\n",
+             rep.tensors.size(), rep.copied_tensors, rep.copied_bytes / 1048576.0, rep.input_bytes / 1048576.0,
+             rep.output_bytes / 1048576.0, rep.seconds, rep.input_gb_per_s(), rep.workers,
+             backend.device == device_kind::cuda ? "pipeline slots" : (rep.workers == 1 ? "thread" : "threads"));
   return kOk;
 }
 
@@ -75,17 +84,22 @@ command add_quantize_command(CLI::App& root) {
       "Quantize the expert weights of a BF16 MoE checkpoint (safetensors; gpt-oss fused gate_up_proj/down_proj, or "
       "Qwen3/DeepSeek per-expert gate_proj/up_proj/down_proj) to MXFP4 in the gpt-oss layout "
       "(experts.gate_up_proj_blocks/_scales, experts.down_proj_blocks/_scales; gate/up rows interleaved). Every other "
-      "tensor (router, biases, attention, embeddings, shared experts) is copied unchanged. Streams one expert at a "
-      "time; the output is written to a temporary file and renamed into place only when complete.\n"
+      "tensor (router, biases, attention, embeddings, shared experts) is copied unchanged. Streams expert matrices "
+      "(cpu: one worker thread per core; cuda: transposed and quantized on the GPU in a pipeline); the output is "
+      "written to an unnamed temporary file and linked into place only when complete. NaN/Inf weights are refused "
+      "(exit code 6) unless --allow-nonfinite.\n"
       "Report per quantized tensor: SQNR (dB), blocks with at least one element clamped to +-6 (saturated), non-zero "
       "elements flushed to 0, and NaN/Inf blocks (scale 0xFF).\n\n"
       "Examples:\n"
       "  mxmoe quantize model-bf16.safetensors model-mxfp4.safetensors --rule even\n"
       "  mxmoe quantize in.safetensors out.safetensors --rule mse --force --json > report.json");
   cmd->add_option("IN", a->in, "BF16 checkpoint (.safetensors)")->required()->check(CLI::ExistingFile);
-  cmd->add_option("OUT", a->out, "MXFP4 checkpoint to write")->required();
+  cmd->add_option("OUT", a->out, "MXFP4 checkpoint to write")->required()->check(output_path());
   add_rule_option(cmd, &a->rule)->required();
   cmd->add_flag("--force", a->force, "replace OUT if it exists (otherwise an existing OUT is an error, exit code 2)");
+  cmd->add_flag("--allow-nonfinite", a->allow_nonfinite,
+                "keep NaN/Inf weights as NaN blocks (scale 0xFF, counted in the NaN/Inf column); without it they are "
+                "refused with exit code 6, naming the tensor, the expert and the first [row, col]");
   add_device_option(cmd, &a->device);
   cmd->add_flag("--json", a->json, "print the report as JSON on stdout");
   return {cmd, [a] { return run_quantize(*a); }};
@@ -104,7 +118,7 @@ command add_dequantize_command(CLI::App& root) {
       "exact in BF16, so `quantize` of the result reproduces the same dequantized weights.\n\n"
       "Example:\n  mxmoe dequantize model-mxfp4.safetensors model-bf16.safetensors");
   cmd->add_option("IN", a->in, "MXFP4 checkpoint")->required()->check(CLI::ExistingFile);
-  cmd->add_option("OUT", a->out, "BF16 checkpoint to write")->required();
+  cmd->add_option("OUT", a->out, "BF16 checkpoint to write")->required()->check(output_path());
   cmd->add_flag("--force", a->force, "replace OUT if it exists");
   return {cmd, [a] {
             {

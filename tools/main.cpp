@@ -90,6 +90,8 @@ int main(int argc, char** argv) {
   try {
     for (const auto& c : commands)
       if (c.app->parsed()) return c.run();
+  } catch (const mxmoe::nonfinite_error& e) {
+    return report({kNonfiniteInput, "non-finite input: ", e.what(), {{"argument", e.arg()}, {"tensor", e.tensor()}}}, json);
   } catch (const mxmoe::invalid_argument& e) {
     return report({kBadInput, "error: ", e.what(), {{"argument", e.arg()}}}, json);
   } catch (const mxmoe::format_error& e) {

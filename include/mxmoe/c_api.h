@@ -33,7 +33,8 @@ extern "C" {
 #define MXMOE_C_EXPORT __attribute__((visibility("default")))
 #endif
 
-#define MXMOE_C_ABI_VERSION 3 /* 3: prepare options (expert maps, tensor-parallel shards) */
+#define MXMOE_C_ABI_VERSION 4 /* 3: prepare options (expert maps, tensor-parallel shards);
+                                 4: mxmoe_quantize_options.allow_nonfinite */
 #define MXMOE_MAX_RANK 8
 
 typedef int32_t mxmoe_status;
@@ -314,6 +315,9 @@ typedef struct mxmoe_quantize_options {
   int32_t overwrite;            /* non-zero: replace an existing output */
   mxmoe_progress_fn progress;   /* optional */
   void* progress_data;          /* passed to progress */
+  int32_t allow_nonfinite;      /* non-zero: keep NaN / Inf weights as NaN blocks (scale 0xFF); zero: refuse
+                                   them with MXMOE_ERR_INVALID_ARGUMENT, mxmoe_last_error_argument() the
+                                   tensor as the file names it, the message its expert and first [row, col] */
 } mxmoe_quantize_options;
 
 /* What a quantize_checkpoint did (mxmoe::quantize_report). */

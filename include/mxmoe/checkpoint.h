@@ -115,6 +115,24 @@ moe_weights mxfp4_weights(const safetensors_reader& file, const moe_layer_info& 
 struct expert_weights {
   tensor_view gate_up, down;
 };
+// read_expert in parts, for readers that fetch the bytes themselves (the converter reads them with
+// pread into its own buffers, or uploads them to a GPU that reorders them): one expert matrix of a
+// BF16 layer as the file stores it.
+struct matrix_piece {
+  const safetensors_entry* entry = nullptr;  // the tensor, as the file names it
+  uint64_t offset = 0, bytes = 0;            // the expert's bytes within the tensor's data
+  int64_t rows = 0, cols = 0;                // their shape there (gate_up_proj[e]: [H, 2I])
+};
+struct expert_matrix {
+  dtype type = dtype::bf16;
+  layout::matrix_source source;     // rows, cols: the quantizer's [N, K]
+  std::vector<matrix_piece> pieces;  // read back to back, in this order
+  uint64_t bytes() const;
+};
+// gate_up: the fused [2I, H] matrix (interleaved rows); otherwise down [H, I].
+expert_matrix expert_matrix_of(const safetensors_reader& file, const moe_layer_info& info, int64_t expert, bool gate_up);
+// The pieces' bytes (piece i at pieces[i]) -> row-major [rows, K] at `dst`, same element type.
+void reorder_matrix(const expert_matrix& m, const uint8_t* const* pieces, uint8_t* dst);
 expert_weights read_expert(const safetensors_reader& file, const moe_layer_info& info, int64_t expert,
                            std::vector<uint8_t>& gate_up_buf, std::vector<uint8_t>& down_buf);
 

@@ -59,6 +59,34 @@ void dequantize(const tensor_view& packed, const tensor_view& scales, scale_layo
 void quantize_async(const tensor_view& x, mx::scale_rule rule, scale_layout layout, const tensor_view& packed,
                     const tensor_view& scales, quant_stats* device_stats, void* stream = nullptr);
 
+// The GPU stage of checkpoint conversion (quantize_checkpoint on cuda, src/cuda/convert_pipeline.cu):
+// `slots` expert matrices in flight, each slot with its own stream, pinned host buffers and device
+// buffers. The caller fills input(slot) with a matrix as the file stores it (layout::matrix_source,
+// its pieces back to back, in its own element type); submit() enqueues the upload, the reordering
+// to row-major [N, K] (transposition of the x·W form, gate/up interleaving) and quantize_async
+// with linear scales, then the download of codes, scales and statistics; wait() blocks until they
+// are in packed(slot), scales(slot). Slots are independent: one is filled while others upload,
+// compute or download. submit() and wait() may run on different host threads (each makes the
+// pipeline's device current).
+class matrix_pipeline {
+ public:
+  // Device = the current one. max_input_bytes: the largest matrix in bytes; max_elements: in elements.
+  matrix_pipeline(int slots, size_t max_input_bytes, int64_t max_elements);
+  ~matrix_pipeline();
+  matrix_pipeline(const matrix_pipeline&) = delete;
+  matrix_pipeline& operator=(const matrix_pipeline&) = delete;
+  int slots() const;
+  uint8_t* input(int slot);
+  void submit(int slot, dtype type, const layout::matrix_source& source, mx::scale_rule rule);
+  quant_stats wait(int slot);
+  const uint8_t* packed(int slot) const;  // [N, K/2]
+  const uint8_t* scales(int slot) const;  // [N, K/32]
+
+ private:
+  struct impl;
+  std::unique_ptr<impl> impl_;
+};
+
 // How close forward() is to the float64 reference (cpu::moe_forward) on the same MXFP4 weights.
 // The layer rounds three things to bf16 that the reference keeps exact: the activation between
 // the GEMMs, each routing-weighted expert output and the final output (2^-9 relative each;

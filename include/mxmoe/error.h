@@ -19,6 +19,16 @@ class invalid_argument : public std::invalid_argument {
   std::string arg_;
 };
 
+// Values that must be finite are not: a NaN or an Inf in a tensor, named as the file names it
+// (quantize_checkpoint refuses them unless told to keep them). Bad input, so an invalid_argument
+// whose arg() is the tensor; tensor() says so by name.
+class nonfinite_error : public invalid_argument {
+ public:
+  nonfinite_error(const std::string& tensor, const std::string& expected, const std::string& got)
+      : invalid_argument(tensor, expected, got) {}
+  const std::string& tensor() const { return arg(); }
+};
+
 // A fast path that cannot run on this machine or build (no GPU, CPU-only build, ...).
 class unsupported : public std::runtime_error {
  public:

@@ -17,6 +17,8 @@
 //                      (mx::fragment_bit) placed for a cheap bf16 conversion.
 //   gate_up_rows       row order of the fused GEMM1 weight in the kernel layout, so that a
 //                      thread holds gate and up of the same output in its accumulators.
+//   matrix_source      where W[n][k] of one expert lies in the bytes a BF16 checkpoint stores
+//                      for it (row-major, x·W, or separate gate and up matrices).
 //   even_split         n items (experts, or the I/32 blocks of a tensor-parallel shard) cut
 //                      into P contiguous parts as even as possible, the remainder to the first
 //                      parts (docs/parallel.md).
@@ -219,6 +221,33 @@ struct gate_up_rows {
     int u;
     split_checkpoint_row(row, &j, &u);
     return kernel_row(j, u);
+  }
+};
+
+// ---- expert matrices of BF16 checkpoints --------------------------------------------------
+// How one expert's matrix W[N][K] (N outputs) lies in the bytes read for it from a BF16
+// checkpoint (its pieces back to back), so that converters on every device reorder it the same:
+//   row_major     [N, K] as is (Qwen3/DeepSeek down_proj.weight)
+//   xw            [K, N], the x·W form of checkpoint_xw (gpt-oss gate_up_proj[e], down_proj[e])
+//   gate_up_pair  gate [N/2, K] then up [N/2, K] (Qwen3/DeepSeek gate_proj, up_proj), read into
+//                 the interleaved order of gate_up_rows (row 2j gate j, row 2j+1 up j)
+enum class source_order : uint8_t { row_major, xw, gate_up_pair };
+
+struct matrix_source {
+  source_order order = source_order::row_major;
+  int64_t rows = 0, cols = 0;  // N, K
+  MXMOE_HD int64_t size() const { return rows * cols; }
+  // Element index, in the bytes read, of W[n][k].
+  MXMOE_HD int64_t offset(int64_t n, int64_t k) const {
+    if (order == source_order::xw) return k * rows + n;
+    if (order == source_order::gate_up_pair) {
+      const gate_up_rows g{rows / 2, gate_up_order::interleaved};
+      int64_t j;
+      int is_up;
+      g.split_checkpoint_row(n, &j, &is_up);
+      return (is_up * (rows / 2) + j) * cols + k;
+    }
+    return n * cols + k;
   }
 };
 

@@ -1,7 +1,9 @@
 // mxmoe/safetensors.h — reading and writing safetensors files (https://huggingface.co/docs/safetensors).
 //
 // Reader: the file is memory-mapped read-only and only the header is parsed up front, so tensor
-// bytes are paged in when a tensor is used. Every header field is validated before any tensor is
+// bytes are paged in when a tensor is used. read() copies bytes with pread instead, for streaming
+// a file larger than memory: pages read that way are never mapped into the process, so they do not
+// accumulate in its resident set as the mapped pages of a whole-file pass do. Every header field is validated before any tensor is
 // handed out: header length against the file size, JSON syntax, dtype (BF16 F16 F32 U8 I32 I64),
 // shape product x dtype size == end - begin, offsets inside the data section, no two tensors
 // overlapping, "__metadata__" a map of strings. Anything else throws mxmoe::format_error naming
@@ -9,16 +11,23 @@
 // Gaps between tensors are tolerated (some writers align tensors).
 //
 // Writer: every tensor is declared up front (the header comes first in the file), then data is
-// written in any order (a tensor may be written in pieces, e.g. one expert at a time) into a
-// temporary file in the output's directory. commit() checks that every byte was written, fsyncs
-// and renames the file into place; without commit() (an error, an exception) the temporary file
-// is removed and an existing output is never touched.
+// written in any order (a tensor may be written in pieces, e.g. one expert at a time; write() may
+// be called from several threads at once) into an unnamed temporary file in the output's
+// directory (O_TMPFILE): it has no name until commit() links it, so no temporary survives even
+// a SIGKILL. commit() checks that every byte was written, fsyncs and links the file into place
+// (with overwrite: under a temporary name, renamed over the output at once). Without commit()
+// (an error, an exception, a killed process) the file vanishes and an existing output is never
+// touched. Where the file system has no O_TMPFILE, a named temporary ".NAME.tmp-XXXXXX" next to
+// the output is used instead and removed on failure (not after a SIGKILL); temp_path() names it.
+// Write-back of each written piece starts at once (sync_file_range), so that the fsync at
+// commit() has little left to do.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <span>
 #include <stdexcept>
 #include <string>
@@ -78,6 +87,10 @@ class safetensors_reader {
   tensor_view tensor(std::string_view name) const;
   tensor_view tensor(const safetensors_entry& e) const;
   std::span<const uint8_t> bytes(const safetensors_entry& e) const;
+  // Copies `size` bytes from byte `offset` of the tensor's data into `dst` (pread on a file;
+  // memcpy for an in-memory image). Throws mxmoe::invalid_argument for a range outside the tensor,
+  // std::system_error for a failed read.
+  void read(const safetensors_entry& e, uint64_t offset, size_t size, void* dst) const;
 
  private:
   void parse();
@@ -85,6 +98,7 @@ class safetensors_reader {
   const uint8_t* base_ = nullptr;
   size_t size_ = 0;
   bool mapped_ = false;
+  int fd_ = -1;  // kept open for read()
   uint64_t data_offset_ = 0;
   std::vector<safetensors_entry> entries_;
   std::map<std::string, size_t, std::less<>> index_;
@@ -109,11 +123,12 @@ class safetensors_writer {
   safetensors_writer(const safetensors_writer&) = delete;
   safetensors_writer& operator=(const safetensors_writer&) = delete;
 
-  // Writes `bytes` at byte `offset` of tensor `name`. Pieces must not overlap.
+  // Writes `bytes` at byte `offset` of tensor `name`. Pieces must not overlap. Thread-safe.
   void write(std::string_view name, const void* data, size_t bytes, uint64_t offset = 0);
   // Every byte of every tensor written? Then fsync, rename over the output, fsync the directory.
   void commit();
   const std::string& path() const { return path_; }
+  // The named temporary file; empty when the temporary is unnamed (O_TMPFILE).
   const std::string& temp_path() const { return temp_path_; }
 
  private:
@@ -122,8 +137,10 @@ class safetensors_writer {
     uint64_t begin = 0, size = 0;
     std::map<uint64_t, uint64_t> written;  // disjoint [begin, end) ranges within the tensor
   };
+  void link_into_place();
   std::string path_, temp_path_;
   bool overwrite_ = false, committed_ = false;
+  std::mutex mutex_;  // guards the slots' `written` ranges
   int fd_ = -1;
   uint64_t data_offset_ = 0;
   std::vector<slot> slots_;

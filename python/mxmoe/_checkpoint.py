@@ -178,7 +178,8 @@ class _Progress:
 
 
 def quantize_checkpoint(src: str | os.PathLike, dst: str | os.PathLike, rule: str = "even", *, device: Any = "cpu",
-                        overwrite: bool = False, progress: ProgressFn | None = None) -> QuantizeReport:
+                        overwrite: bool = False, progress: ProgressFn | None = None,
+                        allow_nonfinite: bool = False) -> QuantizeReport:
     """BF16 MoE checkpoint ``src`` -> MXFP4 checkpoint ``dst`` (mxmoe::quantize_checkpoint):
     every MoE layer (gpt-oss fused or Qwen3/DeepSeek per-expert names; BF16, F16 or F32) becomes
     the gpt-oss MXFP4 layout quantized with ``rule``; every other tensor is copied. Streams (about
@@ -190,11 +191,15 @@ def quantize_checkpoint(src: str | os.PathLike, dst: str | os.PathLike, rule: st
         overwrite: replace an existing ``dst``.
         progress: ``progress(done, total, note)`` after every step; an exception it raises stops
             the conversion (:class:`~mxmoe.Cancelled`, or the KeyboardInterrupt itself).
+        allow_nonfinite: keep NaN / Inf weights as NaN blocks (scale 0xFF, counted in
+            ``nonfinite_blocks``). Otherwise they raise :class:`~mxmoe.InvalidArgument` whose
+            ``argument`` is the tensor as the file names it; the message names the expert and the
+            first ``[row, col]``; nothing is written.
     """
     target = parse_device(device)
     cb = _Progress(progress)
     options = _lib.QuantizeOptionsC(_lib.index(_lib.RULES, rule, "rule"), target[0], target[1], int(bool(overwrite)),
-                                    cb.c, None)
+                                    cb.c, None, int(bool(allow_nonfinite)))
     handle = ctypes.c_void_p()
     cb.check(_lib.lib.mxmoe_quantize_checkpoint(_path(src, "src"), _path(dst, "dst"), ctypes.byref(options),
                                                 ctypes.byref(handle)))

@@ -23,7 +23,7 @@ from pathlib import Path
 from ._errors import (Cancelled, Error, FormatError, InvalidArgument, IOFailure, OutOfMemory, RuntimeFailure,
                       Unsupported, invalid)
 
-ABI_VERSION = 3  # MXMOE_C_ABI_VERSION of the header these declarations mirror
+ABI_VERSION = 4  # MXMOE_C_ABI_VERSION of the header these declarations mirror
 MAX_RANK = 8
 
 # Status codes
@@ -178,6 +178,7 @@ class QuantizeOptionsC(ctypes.Structure):
         ("overwrite", c_int32),
         ("progress", PROGRESS_FN),
         ("progress_data", c_void_p),
+        ("allow_nonfinite", c_int32),
     ]
 
 

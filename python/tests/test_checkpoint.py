@@ -100,12 +100,27 @@ def test_quantize_checkpoint_report_and_bytes(saved, tmp_path):
         assert torch.equal(w.tensors[name], getattr(want, name)), name
 
 
-@pytest.mark.xfail(strict=True, reason="convert.cpp counts the copied MoE expert tensors in `total` but never "
-                   "steps them (total = all tensors + experts), so `done` ends below `total`")
 def test_progress_ends_at_its_total(saved, tmp_path):
     steps = []
     mxmoe.quantize_checkpoint(saved["gpt_oss"][1], tmp_path / "q.safetensors", progress=lambda *a: steps.append(a))
     assert steps[-1][0] == steps[-1][1]
+
+
+def test_nonfinite_weights_refused_unless_allowed(saved, tmp_path):
+    from safetensors.torch import load_file, save_file
+
+    tensors = load_file(saved["gpt_oss"][1])
+    name = next(n for n in tensors if n.endswith("layers.0.mlp.experts.gate_up_proj"))
+    tensors[name][1, 3, 17] = float("nan")
+    src, dst = tmp_path / "nan.safetensors", tmp_path / "q.safetensors"
+    save_file(tensors, src, metadata={"format": "pt"})
+    with pytest.raises(mxmoe.InvalidArgument) as e:
+        mxmoe.quantize_checkpoint(src, dst)
+    assert e.value.argument == name
+    assert "NaN at [3, 17] of expert 1" in str(e.value)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["nan.safetensors"]
+    report = mxmoe.quantize_checkpoint(src, dst, allow_nonfinite=True)
+    assert report.total.nonfinite_blocks == 1 and report.tensors[0].stats.nonfinite_blocks == 1
 
 
 def test_layer_from_a_file_runs_and_verifies(saved, tmp_path):

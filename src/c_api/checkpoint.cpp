@@ -146,6 +146,7 @@ mxmoe_status mxmoe_quantize_checkpoint(const char* in_path, const char* out_path
     const device_ref d = to_device(options->device_type, options->device_id, "options.device_type");
     o.device = d.kind;
     o.overwrite = options->overwrite != 0;
+    o.allow_nonfinite = options->allow_nonfinite != 0;
     o.on_progress = to_callback(options->progress, options->progress_data);
     const optional_device_guard guard(d.kind == device_kind::cuda, d.id);
     auto r = std::make_unique<mxmoe_quantize_report>(mxmoe_quantize_report{quantize_checkpoint(in, out, o)});

@@ -100,8 +100,20 @@ void for_each_chunk(int64_t chunks, int threads, const Fn& fn) {
   for (auto& t : pool) t.join();
 }
 
+// The element type is decided once per block, not per element (load_float's switch would be).
 void load_block(const tensor_view& x, int64_t offset, float* dst) {
-  for (int i = 0; i < mx::kBlockSize; ++i) dst[i] = load_float(x.data, x.type, offset + i);
+  switch (x.type) {
+    case dtype::bf16: {
+      const uint16_t* p = static_cast<const uint16_t*>(x.data) + offset;
+      for (int i = 0; i < mx::kBlockSize; ++i) dst[i] = bf16_to_float(p[i]);
+      return;
+    }
+    case dtype::f32:
+      std::copy_n(static_cast<const float*>(x.data) + offset, mx::kBlockSize, dst);
+      return;
+    default:
+      for (int i = 0; i < mx::kBlockSize; ++i) dst[i] = load_float(x.data, x.type, offset + i);
+  }
 }
 
 void store_block(const float* src, const tensor_view& out, int64_t offset) {
@@ -124,9 +136,12 @@ void add_block_stats(const float* x, const uint8_t* packed, uint8_t scale, const
   st.saturated_blocks += bs.clamped > 0 ? 1 : 0;
   st.clamped_elements += bs.clamped;
   st.flushed_elements += bs.flushed;
+  // The 16 values a code can take in this block, dequantized once instead of per element.
+  double value_of[16];
+  for (uint8_t c = 0; c < 16; ++c) value_of[c] = static_cast<double>(mx::dequantize_value(c, scale));
   for (int i = 0; i < mx::kBlockSize; ++i) {
     const double v = x[i];
-    const double err = v - static_cast<double>(mx::dequantize_value(mx::unpack_e2m1(packed[i >> 1], i), scale));
+    const double err = v - value_of[mx::unpack_e2m1(packed[i >> 1], i)];
     st.signal_sq += v * v;
     st.error_sq += err * err;
   }

@@ -335,51 +335,92 @@ moe_weights mxfp4_weights(const safetensors_reader& file, const moe_layer_info& 
 }
 
 namespace {
-// One expert's x·W storage (layout::checkpoint_xw) -> row-major [N, K], `Bytes` per element.
+// Row-major [rows, K] from the x·W form [K, rows], in square tiles so that both sides are read
+// and written a cache line at a time (an element-wise walk down the columns misses on every one).
 template <size_t Bytes>
-void transpose_xw(const uint8_t* src, const layout::checkpoint_xw& g, int64_t expert, uint8_t* dst) {
-  for (int64_t k = 0; k < g.cols; ++k)
-    for (int64_t n = 0; n < g.rows; ++n)
-      std::memcpy(dst + (n * g.cols + k) * Bytes, src + g.offset(expert, n, k) * Bytes, Bytes);
-}
-
-void transpose_xw(const uint8_t* src, const layout::checkpoint_xw& g, int64_t expert, int element_bytes, uint8_t* dst) {
-  if (element_bytes == 2) transpose_xw<2>(src, g, expert, dst);
-  else transpose_xw<4>(src, g, expert, dst);
+void transpose_tiles(const uint8_t* src, const layout::matrix_source& s, uint8_t* dst) {
+  constexpr int64_t kTile = 32;
+  for (int64_t k0 = 0; k0 < s.cols; k0 += kTile)
+    for (int64_t n0 = 0; n0 < s.rows; n0 += kTile) {
+      const int64_t k1 = std::min(s.cols, k0 + kTile), n1 = std::min(s.rows, n0 + kTile);
+      for (int64_t n = n0; n < n1; ++n)
+        for (int64_t k = k0; k < k1; ++k)
+          std::memcpy(dst + (n * s.cols + k) * Bytes, src + s.offset(n, k) * Bytes, Bytes);
+    }
 }
 }  // namespace
 
 layout::checkpoint_xw gate_up_xw_geometry(const moe_shape& s) { return {s.experts, 2 * s.intermediate, s.hidden}; }
 layout::checkpoint_xw down_xw_geometry(const moe_shape& s) { return {s.experts, s.hidden, s.intermediate}; }
 
-expert_weights read_expert(const safetensors_reader& file, const moe_layer_info& info, int64_t expert,
-                           std::vector<uint8_t>& gate_up_buf, std::vector<uint8_t>& down_buf) {
+uint64_t expert_matrix::bytes() const {
+  uint64_t n = 0;
+  for (const auto& p : pieces) n += p.bytes;
+  return n;
+}
+
+expert_matrix expert_matrix_of(const safetensors_reader& file, const moe_layer_info& info, int64_t expert, bool gate_up) {
   MXMOE_CHECK_ARG(info.layout != moe_layout::mxfp4_gpt_oss, "checkpoint", "a BF16 layer", "an MXFP4 layer");
   MXMOE_CHECK_ARG(expert >= 0 && expert < info.shape.experts, "expert",
                   "in [0, " + std::to_string(info.shape.experts) + ")", std::to_string(expert));
   const int64_t H = info.shape.hidden, I = info.shape.intermediate;
-  const dtype t = info.weight_type;
-  const int es = dtype_size(t);
-  gate_up_buf.resize(static_cast<size_t>(2 * I * H * es));
-  down_buf.resize(static_cast<size_t>(H * I * es));
-  const expert_weights w{tensor_view(gate_up_buf.data(), t, {2 * I, H}), tensor_view(down_buf.data(), t, {H, I})};
+  const uint64_t es = static_cast<uint64_t>(dtype_size(info.weight_type));
+  expert_matrix m;
+  m.type = info.weight_type;
+  const int64_t rows = gate_up ? 2 * I : H, cols = gate_up ? H : I;
+  const auto piece = [&](const std::string& name, uint64_t offset, int64_t r, int64_t c) {
+    return matrix_piece{&file.entry(name), offset, static_cast<uint64_t>(r * c) * es, r, c};
+  };
   if (info.layout == moe_layout::bf16_gpt_oss) {
     // Column c of gate_up_proj[e] is checkpoint row c: the interleaved order is kept as it is.
     const bf16_names n = bf16_gpt_oss_tensor_names(info.prefix);
-    transpose_xw(file.bytes(file.entry(n.gate_up)).data(), gate_up_xw_geometry(info.shape), expert, es, gate_up_buf.data());
-    transpose_xw(file.bytes(file.entry(n.down)).data(), down_xw_geometry(info.shape), expert, es, down_buf.data());
-    return w;
+    const layout::checkpoint_xw xw = gate_up ? gate_up_xw_geometry(info.shape) : down_xw_geometry(info.shape);
+    m.source = {layout::source_order::xw, rows, cols};
+    m.pieces.push_back(piece(gate_up ? n.gate_up : n.down, static_cast<uint64_t>(xw.offset(expert, 0, 0)) * es, cols, rows));
+    return m;
   }
-  const layout::gate_up_rows rows{I, layout::gate_up_order::interleaved};
   const std::string ep = info.prefix + "experts." + std::to_string(expert) + ".";
-  const uint8_t* gate = file.bytes(file.entry(ep + "gate_proj.weight")).data();
-  const uint8_t* up = file.bytes(file.entry(ep + "up_proj.weight")).data();
-  const size_t row_bytes = static_cast<size_t>(H * es);
-  for (int64_t j = 0; j < I; ++j)
-    for (int is_up = 0; is_up < 2; ++is_up)
-      std::memcpy(gate_up_buf.data() + rows.checkpoint_row(j, is_up) * row_bytes, (is_up ? up : gate) + j * row_bytes,
-                  row_bytes);
-  std::memcpy(down_buf.data(), file.bytes(file.entry(ep + "down_proj.weight")).data(), down_buf.size());
+  if (gate_up) {
+    m.source = {layout::source_order::gate_up_pair, rows, cols};
+    m.pieces.push_back(piece(ep + "gate_proj.weight", 0, I, H));
+    m.pieces.push_back(piece(ep + "up_proj.weight", 0, I, H));
+  } else {
+    m.source = {layout::source_order::row_major, rows, cols};
+    m.pieces.push_back(piece(ep + "down_proj.weight", 0, H, I));
+  }
+  return m;
+}
+
+void reorder_matrix(const expert_matrix& m, const uint8_t* const* pieces, uint8_t* dst) {
+  const layout::matrix_source& s = m.source;
+  const size_t es = static_cast<size_t>(dtype_size(m.type));
+  if (s.order == layout::source_order::xw) {
+    if (es == 2) transpose_tiles<2>(pieces[0], s, dst);
+    else transpose_tiles<4>(pieces[0], s, dst);
+    return;
+  }
+  // Every row is contiguous in one piece (the pieces split the source at whole rows).
+  const int64_t piece_elements = s.size() / static_cast<int64_t>(m.pieces.size());
+  const size_t row_bytes = static_cast<size_t>(s.cols) * es;
+  for (int64_t n = 0; n < s.rows; ++n) {
+    const int64_t at = s.offset(n, 0);
+    std::memcpy(dst + static_cast<size_t>(n) * row_bytes,
+                pieces[at / piece_elements] + static_cast<size_t>(at % piece_elements) * es, row_bytes);
+  }
+}
+
+expert_weights read_expert(const safetensors_reader& file, const moe_layer_info& info, int64_t expert,
+                           std::vector<uint8_t>& gate_up_buf, std::vector<uint8_t>& down_buf) {
+  expert_weights w;
+  for (const bool gate_up : {true, false}) {
+    const expert_matrix m = expert_matrix_of(file, info, expert, gate_up);
+    std::vector<uint8_t>& buf = gate_up ? gate_up_buf : down_buf;
+    buf.resize(m.bytes());
+    std::vector<const uint8_t*> pieces;
+    for (const auto& p : m.pieces) pieces.push_back(file.bytes(*p.entry).data() + p.offset);
+    reorder_matrix(m, pieces.data(), buf.data());
+    (gate_up ? w.gate_up : w.down) = tensor_view(buf.data(), m.type, {m.source.rows, m.source.cols});
+  }
   return w;
 }
 

@@ -1,12 +1,19 @@
 // Streaming checkpoint conversion (include/mxmoe/convert.h). Built into the top library (it
-// quantizes through the dispatch of quantize.h), beside the checkpoint reader it stands on.
+// quantizes through the CPU quantizer and the CUDA pipeline), beside the checkpoint reader it
+// stands on.
 #include "mxmoe/convert.h"
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
+#include <cmath>
+#include <condition_variable>
+#include <exception>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <set>
+#include <thread>
 
 #include "mxmoe/checkpoint.h"
 #include "mxmoe/cuda.h"
@@ -16,12 +23,17 @@
 namespace mxmoe {
 namespace {
 
-constexpr size_t kCopyChunk = 64u << 20;  // bytes per write when copying a tensor
+constexpr size_t kCopyChunk = 64u << 20;           // bytes per read and write when copying a tensor
+constexpr uint64_t kWorkerMemory = 1ull << 30;     // buffers of all cpu workers together
+constexpr int kPipelineSlots = 3;                  // matrices in flight on the GPU
 
-void copy_tensor(const safetensors_reader& r, const safetensors_entry& e, safetensors_writer& w) {
-  const auto bytes = r.bytes(e);
-  for (size_t off = 0; off < bytes.size(); off += kCopyChunk)
-    w.write(e.name, bytes.data() + off, std::min(kCopyChunk, bytes.size() - off), off);
+void copy_tensor(const safetensors_reader& r, const safetensors_entry& e, safetensors_writer& w, std::vector<uint8_t>& buf) {
+  for (uint64_t off = 0; off < e.nbytes(); off += kCopyChunk) {
+    const size_t n = static_cast<size_t>(std::min<uint64_t>(kCopyChunk, e.nbytes() - off));
+    buf.resize(std::max(buf.size(), n));
+    r.read(e, off, n, buf.data());
+    w.write(e.name, buf.data(), n, off);
+  }
 }
 
 // Output declarations: each layer's expert tensors replaced (at the first of them) by
@@ -51,59 +63,270 @@ bool is_expert_tensor(const std::vector<checkpoint::moe_layer_info>& layers, con
   return false;
 }
 
-// Counts the steps of a conversion and reports each to the callback (when there is one).
-class progress {
- public:
-  progress(const progress_callback& cb, const safetensors_reader& r, const std::vector<checkpoint::moe_layer_info>& layers)
-      : cb_(cb), total_(static_cast<int64_t>(r.entries().size())) {
-    for (const auto& l : layers) total_ += l.shape.experts;
-  }
-  void step(const std::string& note) {
-    ++done_;
-    if (cb_) cb_({done_, total_, note});
-  }
-
- private:
-  const progress_callback& cb_;
-  int64_t done_ = 0, total_ = 0;
-};
-
 std::string expert_note(const checkpoint::moe_layer_info& l, int64_t expert) {
   return "layer " + std::to_string(l.layer) + " expert " + std::to_string(expert);
 }
 
-// Quantizes host matrices [rows, K] (bf16 | f16 | f32, row-major) into host packed [rows, K/2]
-// and linear scales [rows, K/32], on the CPU or the current CUDA device. The device buffers are
-// kept between calls and grown when a larger matrix comes.
-class matrix_quantizer {
+// Steps of a conversion: the copied tensors, then the experts. Experts finish out of order on
+// several threads; they are reported in order (an expert once every earlier one is done), one
+// call at a time, so the callback sees done = 1, 2, ... total.
+class progress {
  public:
-  matrix_quantizer(mx::scale_rule rule, device_kind device) : rule_(rule), device_(device) {}
-
-  quant_stats run(const tensor_view& x, uint8_t* packed, uint8_t* scales) {
-    const int64_t rows = x.dim(0), k = x.dim(1);
-    const std::vector<int64_t> ps{rows, k / 2}, ss{rows, k / mx::kBlockSize};
-    if (device_ == device_kind::cpu)
-      return quantize(x, rule_, scale_layout::linear, tensor_view(packed, dtype::u8, ps), tensor_view(scales, dtype::u8, ss));
-    const size_t pb = static_cast<size_t>(rows * k / 2), sb = static_cast<size_t>(rows * k / mx::kBlockSize);
-    grow(x_, x.nbytes());
-    grow(packed_, pb);
-    grow(scales_, sb);
-    x_.upload(x.data, x.nbytes());
-    const quant_stats st = quantize(tensor_view(x_.data(), x.type, x.shape, device_kind::cuda), rule_, scale_layout::linear,
-                                    packed_.view(dtype::u8, ps), scales_.view(dtype::u8, ss));
-    packed_.download(packed, pb);
-    scales_.download(scales, sb);
-    return st;
+  progress(const progress_callback& cb, const safetensors_reader& r, const std::vector<checkpoint::moe_layer_info>& layers)
+      : cb_(cb) {
+    for (const auto& e : r.entries()) {
+      bytes_total_ += e.nbytes();
+      if (!is_expert_tensor(layers, e.name)) ++total_;
+    }
+    for (const auto& l : layers) {
+      total_ += l.shape.experts;
+      for (int64_t e = 0; e < l.shape.experts; ++e) experts_.push_back({expert_note(l, e), 0, 0});
+    }
+  }
+  void copied(const safetensors_entry& e) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    bytes_done_ += e.nbytes();
+    report(e.name);
+  }
+  // Matrix `part` (of `parts`) of expert `index` (in conversion order) is done, `bytes` read for it.
+  void matrix_done(size_t index, int parts, uint64_t bytes) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    experts_[index].parts += 1;
+    experts_[index].bytes += bytes;
+    for (; next_ < experts_.size() && experts_[next_].parts == parts; ++next_) {
+      bytes_done_ += experts_[next_].bytes;
+      report(experts_[next_].note);
+    }
   }
 
  private:
-  static void grow(cuda::device_buffer& b, size_t bytes) {
-    if (b.size() < bytes) b = cuda::device_buffer(bytes);
+  void report(const std::string& note) {
+    ++done_;
+    if (cb_) cb_({done_, total_, note, bytes_done_, bytes_total_});
   }
-  mx::scale_rule rule_;
-  device_kind device_;
-  cuda::device_buffer x_, packed_, scales_;
+  struct expert {
+    std::string note;
+    int parts;
+    uint64_t bytes;
+  };
+  const progress_callback& cb_;
+  std::mutex mutex_;
+  std::vector<expert> experts_;
+  size_t next_ = 0;
+  int64_t done_ = 0, total_ = 0;
+  uint64_t bytes_done_ = 0, bytes_total_ = 0;
 };
+
+// One expert matrix to quantize, and where its codes and scales go.
+struct matrix_job {
+  checkpoint::expert_matrix m;
+  size_t expert_index = 0;  // in conversion order (progress)
+  size_t tensor = 0;        // index of its tensor_report
+  int64_t expert = 0;
+  std::string blocks, scales;
+  uint64_t blocks_at = 0, scales_at = 0;
+  int64_t elements() const { return m.source.size(); }
+};
+
+std::vector<matrix_job> matrix_jobs(const safetensors_reader& r, const std::vector<checkpoint::moe_layer_info>& layers) {
+  std::vector<matrix_job> jobs;
+  size_t expert_index = 0;
+  for (size_t li = 0; li < layers.size(); ++li) {
+    const auto& l = layers[li];
+    const auto names = checkpoint::mxfp4_tensor_names(l.prefix);
+    const auto gu = checkpoint::gate_up_geometry(l.shape), dn = checkpoint::down_geometry(l.shape);
+    for (int64_t ex = 0; ex < l.shape.experts; ++ex, ++expert_index)
+      for (const bool is_gu : {true, false}) {
+        const layout::checkpoint_mxfp4& g = is_gu ? gu : dn;
+        jobs.push_back({checkpoint::expert_matrix_of(r, l, ex, is_gu), expert_index, 2 * li + (is_gu ? 0 : 1), ex,
+                        is_gu ? names.gate_up_blocks : names.down_blocks, is_gu ? names.gate_up_scales : names.down_scales,
+                        static_cast<uint64_t>(g.code_offset(ex, 0, 0).byte), static_cast<uint64_t>(g.scale_offset(ex, 0, 0))});
+      }
+  }
+  return jobs;
+}
+
+// The matrix's pieces, read back to back into `raw`; their addresses in `pieces`.
+void read_matrix(const safetensors_reader& r, const checkpoint::expert_matrix& m, uint8_t* raw,
+                 std::vector<const uint8_t*>& pieces) {
+  pieces.clear();
+  for (const auto& p : m.pieces) {
+    r.read(*p.entry, p.offset, static_cast<size_t>(p.bytes), raw);
+    pieces.push_back(raw);
+    raw += p.bytes;
+  }
+}
+
+// The first NaN / Inf of the matrix in file order (its quantization found one), as an error.
+[[noreturn]] void refuse_nonfinite(const matrix_job& j, const uint8_t* raw) {
+  for (const auto& p : j.m.pieces) {
+    const int64_t n = p.rows * p.cols;
+    for (int64_t i = 0; i < n; ++i) {
+      const float v = load_float(raw, j.m.type, i);
+      if (std::isfinite(v)) continue;
+      throw nonfinite_error(p.entry->name, "finite weights (allow_nonfinite, --allow-nonfinite, keeps them as NaN blocks)",
+                            std::string(std::isnan(v) ? "NaN" : "Inf") + " at [" + std::to_string(i / p.cols) + ", " +
+                                std::to_string(i % p.cols) + "] of expert " + std::to_string(j.expert) + " (" +
+                                shape_string({p.rows, p.cols}) + ")");
+    }
+    raw += p.bytes;
+  }
+  throw std::logic_error("quantization counted a non-finite block in " + j.m.pieces.front().entry->name +
+                         " but its bytes hold none");
+}
+
+// The first failure by job order: jobs are taken in order, so every job before a failed one has
+// been taken and finishes, and the lowest failing job is found however the threads ran.
+class first_failure {
+ public:
+  void record(size_t job) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (!error_ || job < job_) {
+      error_ = std::current_exception();
+      job_ = job;
+    }
+    failed_ = true;
+  }
+  bool failed() const { return failed_; }
+  void rethrow() const {
+    if (error_) std::rethrow_exception(error_);
+  }
+
+ private:
+  std::mutex mutex_;
+  std::exception_ptr error_;
+  size_t job_ = 0;
+  std::atomic<bool> failed_{false};
+};
+
+// What every path does with a quantized matrix: refuse NaN / Inf, write codes and scales, keep the
+// statistics for the in-order merge, report progress.
+struct job_sink {
+  const std::vector<matrix_job>& jobs;
+  const quantize_options& options;
+  safetensors_writer& w;
+  progress& prog;
+  std::vector<quant_stats>& stats;
+
+  void finish(size_t j, const quant_stats& st, const uint8_t* raw, const uint8_t* packed, const uint8_t* scales) {
+    const matrix_job& job = jobs[j];
+    if (st.nonfinite_blocks > 0 && !options.allow_nonfinite) refuse_nonfinite(job, raw);
+    w.write(job.blocks, packed, static_cast<size_t>(job.elements() / 2), job.blocks_at);
+    w.write(job.scales, scales, static_cast<size_t>(job.elements() / mx::kBlockSize), job.scales_at);
+    stats[j] = st;
+    prog.matrix_done(job.expert_index, 2, job.m.bytes());
+  }
+};
+
+int cpu_workers(const quantize_options& o, const std::vector<matrix_job>& jobs) {
+  uint64_t largest = 0;
+  for (const auto& j : jobs) largest = std::max(largest, j.m.bytes());
+  // raw + reordered + codes and scales (at most 0.56 bytes per element)
+  const uint64_t per_worker = std::max<uint64_t>(1, 2 * largest + largest * 9 / 16);
+  const int cores = o.threads > 0 ? o.threads : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  const int by_memory = static_cast<int>(std::max<uint64_t>(1, kWorkerMemory / per_worker));
+  return std::clamp(std::min(cores, by_memory), 1, static_cast<int>(std::max<size_t>(1, jobs.size())));
+}
+
+void quantize_on_cpu(const safetensors_reader& r, const std::vector<matrix_job>& jobs, job_sink& sink, int workers) {
+  std::atomic<size_t> next{0};
+  first_failure failure;
+  const auto worker = [&] {
+    std::vector<uint8_t> raw, ordered, packed, scales;
+    std::vector<const uint8_t*> pieces;
+    for (size_t j = next++; j < jobs.size() && !failure.failed(); j = next++) {
+      try {
+        const matrix_job& job = jobs[j];
+        const layout::matrix_source& s = job.m.source;
+        raw.resize(std::max(raw.size(), static_cast<size_t>(job.m.bytes())));
+        read_matrix(r, job.m, raw.data(), pieces);
+        const uint8_t* x = raw.data();
+        if (s.order != layout::source_order::row_major) {
+          ordered.resize(std::max(ordered.size(), static_cast<size_t>(job.m.bytes())));
+          checkpoint::reorder_matrix(job.m, pieces.data(), ordered.data());
+          x = ordered.data();
+        }
+        packed.resize(static_cast<size_t>(job.elements() / 2));
+        scales.resize(static_cast<size_t>(job.elements() / mx::kBlockSize));
+        // One thread per matrix: the workers are the parallelism, and the statistics are summed in
+        // the quantizer's own chunk order, as a single call on the whole matrix sums them.
+        const quant_stats st = cpu::quantize(tensor_view(x, job.m.type, {s.rows, s.cols}), sink.options.rule,
+                                             scale_layout::linear, tensor_view(packed.data(), dtype::u8, {s.rows, s.cols / 2}),
+                                             tensor_view(scales.data(), dtype::u8, {s.rows, s.cols / mx::kBlockSize}), 1);
+        sink.finish(j, st, raw.data(), packed.data(), scales.data());
+      } catch (...) {
+        failure.record(j);
+      }
+    }
+  };
+  std::vector<std::thread> pool;
+  for (int t = 1; t < workers; ++t) pool.emplace_back(worker);
+  worker();
+  for (auto& t : pool) t.join();
+  failure.rethrow();
+}
+
+// The calling thread reads matrix j into slot j % S and submits it; a writer thread waits for the
+// slots in order, writes them and frees them. Reading, the GPU's copies and kernels (on the slots'
+// streams) and writing overlap.
+void quantize_on_cuda(const safetensors_reader& r, const std::vector<matrix_job>& jobs, job_sink& sink) {
+  uint64_t largest = 0;
+  int64_t most = 0;
+  for (const auto& j : jobs) {
+    largest = std::max(largest, j.m.bytes());
+    most = std::max(most, j.elements());
+  }
+  cuda::matrix_pipeline pipe(kPipelineSlots, static_cast<size_t>(largest), most);
+  std::mutex mutex;
+  std::condition_variable changed;
+  size_t submitted = 0, written = 0;
+  first_failure failure;
+  std::thread writer([&] {
+    for (size_t j = 0; j < jobs.size(); ++j) {
+      {
+        std::unique_lock<std::mutex> lock(mutex);
+        changed.wait(lock, [&] { return submitted > j || failure.failed(); });
+        if (submitted <= j) return;
+      }
+      const int slot = static_cast<int>(j % kPipelineSlots);
+      try {
+        const quant_stats st = pipe.wait(slot);
+        sink.finish(j, st, pipe.input(slot), pipe.packed(slot), pipe.scales(slot));
+      } catch (...) {
+        failure.record(j);
+      }
+      {
+        std::lock_guard<std::mutex> lock(mutex);
+        written = j + 1;
+      }
+      changed.notify_all();
+      if (failure.failed()) return;
+    }
+  });
+  std::vector<const uint8_t*> pieces;
+  for (size_t j = 0; j < jobs.size() && !failure.failed(); ++j) {
+    {
+      std::unique_lock<std::mutex> lock(mutex);
+      changed.wait(lock, [&] { return j < written + kPipelineSlots || failure.failed(); });
+      if (failure.failed()) break;
+    }
+    const int slot = static_cast<int>(j % kPipelineSlots);
+    try {
+      read_matrix(r, jobs[j].m, pipe.input(slot), pieces);
+      pipe.submit(slot, jobs[j].m.type, jobs[j].m.source, sink.options.rule);
+    } catch (...) {
+      failure.record(j);
+    }
+    {
+      std::lock_guard<std::mutex> lock(mutex);
+      if (!failure.failed()) submitted = j + 1;
+    }
+    changed.notify_all();
+  }
+  changed.notify_all();
+  writer.join();
+  failure.rethrow();
+}
 
 uint64_t decl_bytes(const std::vector<tensor_decl>& decls) {
   uint64_t total = 0;
@@ -121,6 +344,7 @@ quantize_report quantize_checkpoint(const std::string& in, const std::string& ou
   const auto start = std::chrono::steady_clock::now();
   MXMOE_CHECK_ARG(options.device == device_kind::cpu || options.device == device_kind::cuda, "options.device",
                   "cpu | cuda", std::to_string(static_cast<int>(options.device)));
+  MXMOE_CHECK_ARG(options.threads >= 0, "options.threads", "0 (one per core) or more", std::to_string(options.threads));
   if (options.device == device_kind::cuda) {
     std::string why;
     if (!cuda::available(&why)) throw unsupported("quantize_checkpoint on cuda: no usable GPU: " + why);
@@ -147,44 +371,40 @@ quantize_report quantize_checkpoint(const std::string& in, const std::string& ou
   const auto decls = output_decls(r, layers, [](const checkpoint::moe_layer_info& l) {
     return checkpoint::mxfp4_layer_decls(l.prefix, l.shape);
   });
+  const std::vector<matrix_job> jobs = matrix_jobs(r, layers);
   safetensors_writer w(out, decls, meta, options.overwrite);
 
   quantize_report rep;
   progress prog(options.on_progress, r, layers);
+  std::vector<uint8_t> buf;
   for (const auto& e : r.entries()) {
     rep.input_bytes += e.nbytes();
     if (is_expert_tensor(layers, e.name)) continue;
-    copy_tensor(r, e, w);
+    copy_tensor(r, e, w, buf);
     ++rep.copied_tensors;
     rep.copied_bytes += e.nbytes();
-    prog.step(e.name);
+    prog.copied(e);
   }
-  matrix_quantizer quantizer(options.rule, options.device);
-  std::vector<uint8_t> gate_up_buf, down_buf, packed, scales;
+  buf = {};
+  std::vector<quant_stats> stats(jobs.size());
+  job_sink sink{jobs, options, w, prog, stats};
+  if (options.device == device_kind::cuda) {
+    quantize_on_cuda(r, jobs, sink);
+    rep.workers = kPipelineSlots;
+  } else {
+    rep.workers = cpu_workers(options, jobs);
+    quantize_on_cpu(r, jobs, sink, rep.workers);
+  }
+  // Merged in file order (expert by expert, as the sequential converter did): the same sums
+  // however the matrices were scheduled.
   for (const auto& l : layers) {
     const auto names = checkpoint::mxfp4_tensor_names(l.prefix);
     const auto gu = checkpoint::gate_up_geometry(l.shape), dn = checkpoint::down_geometry(l.shape);
-    tensor_report rep_gu{names.gate_up_blocks, {gu.experts, gu.rows, gu.scale_cols(), mx::kPackedBlockBytes}, {}};
-    tensor_report rep_dn{names.down_blocks, {dn.experts, dn.rows, dn.scale_cols(), mx::kPackedBlockBytes}, {}};
-    for (int64_t ex = 0; ex < l.shape.experts; ++ex) {
-      const checkpoint::expert_weights x = checkpoint::read_expert(r, l, ex, gate_up_buf, down_buf);
-      for (const auto* g : {&gu, &dn}) {
-        const bool is_gu = g == &gu;
-        packed.resize(static_cast<size_t>(g->rows * g->row_bytes()));
-        scales.resize(static_cast<size_t>(g->rows * g->scale_cols()));
-        (is_gu ? rep_gu : rep_dn).stats.merge(quantizer.run(is_gu ? x.gate_up : x.down, packed.data(), scales.data()));
-        w.write(is_gu ? names.gate_up_blocks : names.down_blocks, packed.data(), packed.size(),
-                static_cast<uint64_t>(g->code_offset(ex, 0, 0).byte));
-        w.write(is_gu ? names.gate_up_scales : names.down_scales, scales.data(), scales.size(),
-                static_cast<uint64_t>(g->scale_offset(ex, 0, 0)));
-      }
-      prog.step(expert_note(l, ex));
-    }
-    rep.total.merge(rep_gu.stats);
-    rep.total.merge(rep_dn.stats);
-    rep.tensors.push_back(std::move(rep_gu));
-    rep.tensors.push_back(std::move(rep_dn));
+    rep.tensors.push_back({names.gate_up_blocks, {gu.experts, gu.rows, gu.scale_cols(), mx::kPackedBlockBytes}, {}});
+    rep.tensors.push_back({names.down_blocks, {dn.experts, dn.rows, dn.scale_cols(), mx::kPackedBlockBytes}, {}});
   }
+  for (size_t j = 0; j < jobs.size(); ++j) rep.tensors[jobs[j].tensor].stats.merge(stats[j]);
+  for (const auto& t : rep.tensors) rep.total.merge(t.stats);
   w.commit();
   rep.output_bytes = decl_bytes(decls);
   rep.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
@@ -204,13 +424,18 @@ void dequantize_checkpoint(const std::string& in, const std::string& out, const 
     return std::vector<tensor_decl>{{n.gate_up, dtype::bf16, {gu.experts, gu.cols, gu.rows}},
                                     {n.down, dtype::bf16, {dn.experts, dn.cols, dn.rows}}};
   });
-  safetensors_writer w(out, decls, r.metadata(), options.overwrite);
+  // The scale rule describes MXFP4 content only; the MoE configuration holds for the BF16 layer.
+  std::map<std::string, std::string> meta = r.metadata();
+  meta.erase("mxmoe.scale_rule");
+  safetensors_writer w(out, decls, meta, options.overwrite);
   progress prog(options.on_progress, r, layers);
+  std::vector<uint8_t> buf;
   for (const auto& e : r.entries()) {
     if (is_expert_tensor(layers, e.name)) continue;
-    copy_tensor(r, e, w);
-    prog.step(e.name);
+    copy_tensor(r, e, w, buf);
+    prog.copied(e);
   }
+  size_t expert_index = 0;
   std::vector<uint16_t> values, transposed;
   for (const auto& l : layers) {
     const auto q = checkpoint::mxfp4_tensor_names(l.prefix);
@@ -235,7 +460,8 @@ void dequantize_checkpoint(const std::string& in, const std::string& out, const 
         w.write(is_gu ? n.gate_up : n.down, transposed.data(), transposed.size() * 2,
                 static_cast<uint64_t>(xw.offset(ex, 0, 0)) * 2);
       }
-      prog.step(expert_note(l, ex));
+      prog.matrix_done(expert_index++, 1,
+                       static_cast<uint64_t>(gu.rows * (gu.row_bytes() + gu.scale_cols()) + dn.rows * (dn.row_bytes() + dn.scale_cols())));
     }
   }
   w.commit();

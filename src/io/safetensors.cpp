@@ -21,6 +21,7 @@ namespace {
 
 constexpr uint64_t kMaxHeaderBytes = 100ull << 20;  // the format's own limit
 constexpr int kMaxJsonDepth = 3;                    // {tensor: {"shape": [..]}}
+constexpr size_t kWriteBackBytes = 1u << 20;         // pieces from which write-back starts at once
 
 std::string describe(const std::string& file, const std::string& tensor, const std::string& what) {
   std::string s = file + ": ";
@@ -131,11 +132,12 @@ safetensors_reader::safetensors_reader(const std::string& path) : path_(path) {
     base_ = static_cast<const uint8_t*>(p);
     mapped_ = true;
   }
-  ::close(fd);
+  fd_ = fd;
   try {
     parse();
   } catch (...) {
     if (mapped_) ::munmap(const_cast<uint8_t*>(base_), size_);
+    ::close(fd_);
     throw;
   }
 }
@@ -147,18 +149,24 @@ safetensors_reader::safetensors_reader(std::span<const uint8_t> bytes, std::stri
 
 safetensors_reader::~safetensors_reader() {
   if (mapped_) ::munmap(const_cast<uint8_t*>(base_), size_);
+  if (fd_ >= 0) ::close(fd_);
 }
 
 safetensors_reader::safetensors_reader(safetensors_reader&& o) noexcept
-    : path_(std::move(o.path_)), base_(o.base_), size_(o.size_), mapped_(o.mapped_), data_offset_(o.data_offset_),
-      entries_(std::move(o.entries_)), index_(std::move(o.index_)), metadata_(std::move(o.metadata_)) {
+    : path_(std::move(o.path_)), base_(o.base_), size_(o.size_), mapped_(o.mapped_), fd_(o.fd_),
+      data_offset_(o.data_offset_), entries_(std::move(o.entries_)), index_(std::move(o.index_)),
+      metadata_(std::move(o.metadata_)) {
   o.mapped_ = false;
   o.base_ = nullptr;
+  o.fd_ = -1;
 }
 
 safetensors_reader& safetensors_reader::operator=(safetensors_reader&& o) noexcept {
   if (this != &o) {
     if (mapped_) ::munmap(const_cast<uint8_t*>(base_), size_);
+    if (fd_ >= 0) ::close(fd_);
+    fd_ = o.fd_;
+    o.fd_ = -1;
     path_ = std::move(o.path_);
     base_ = o.base_;
     size_ = o.size_;
@@ -271,6 +279,25 @@ std::span<const uint8_t> safetensors_reader::bytes(const safetensors_entry& e) c
   return {base_ + data_offset_ + e.begin, static_cast<size_t>(e.nbytes())};
 }
 
+void safetensors_reader::read(const safetensors_entry& e, uint64_t offset, size_t size, void* dst) const {
+  MXMOE_CHECK_ARG(offset <= e.nbytes() && size <= e.nbytes() - offset, e.name + " read",
+                  "a range within its " + std::to_string(e.nbytes()) + " bytes",
+                  "[" + std::to_string(offset) + ", " + std::to_string(offset + size) + ")");
+  const uint64_t at = data_offset_ + e.begin + offset;
+  if (fd_ < 0) {
+    std::memcpy(dst, base_ + at, size);
+    return;
+  }
+  auto* p = static_cast<uint8_t*>(dst);
+  for (size_t done = 0; done < size;) {
+    const ssize_t n = ::pread(fd_, p + done, size - done, static_cast<off_t>(at + done));
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) throw_errno("cannot read", path_);
+    if (n == 0) throw format_error(path_, e.name, "file ends early (truncated while being read?)");
+    done += static_cast<size_t>(n);
+  }
+}
+
 tensor_view safetensors_reader::tensor(const safetensors_entry& e) const {
   const uint8_t* p = base_ + data_offset_ + e.begin;
   if (reinterpret_cast<uintptr_t>(p) % static_cast<uintptr_t>(dtype_size(e.type)) != 0)
@@ -316,13 +343,19 @@ safetensors_writer::safetensors_writer(std::string path, std::vector<tensor_decl
 
   const std::filesystem::path out(path_);
   const std::filesystem::path dir = out.has_parent_path() ? out.parent_path() : std::filesystem::path(".");
-  std::string temp_name(".");
-  temp_name.append(out.filename().string()).append(".tmp-XXXXXX");
-  std::string templ = (dir / temp_name).string();
-  fd_ = ::mkstemp(templ.data());
+  fd_ = ::open(dir.c_str(), O_TMPFILE | O_RDWR | O_CLOEXEC, 0644);
+  if (fd_ < 0 && (errno == EOPNOTSUPP || errno == EISDIR || errno == EINVAL)) {
+    // No O_TMPFILE on this file system: a named temporary, which a SIGKILL would leave behind.
+    std::string temp_name(".");
+    temp_name.append(out.filename().string()).append(".tmp-XXXXXX");
+    std::string templ = (dir / temp_name).string();
+    fd_ = ::mkstemp(templ.data());
+    if (fd_ >= 0) {
+      temp_path_ = templ;
+      ::fchmod(fd_, 0644);
+    }
+  }
   if (fd_ < 0) throw_errno("cannot create a temporary file next to", path_);
-  temp_path_ = templ;
-  ::fchmod(fd_, 0644);
   uint8_t len[8];
   for (int i = 0; i < 8; ++i) len[i] = static_cast<uint8_t>(static_cast<uint64_t>(text.size()) >> (8 * i));
   try {
@@ -330,7 +363,7 @@ safetensors_writer::safetensors_writer(std::string path, std::vector<tensor_decl
     write_all(fd_, text.data(), text.size(), 8, temp_path_);
   } catch (...) {
     ::close(fd_);
-    ::unlink(temp_path_.c_str());
+    if (!temp_path_.empty()) ::unlink(temp_path_.c_str());
     throw;
   }
 }
@@ -341,7 +374,6 @@ safetensors_writer::~safetensors_writer() {
 }
 
 void safetensors_writer::write(std::string_view name, const void* data, size_t bytes, uint64_t offset) {
-  MXMOE_CHECK_ARG(!committed_ && fd_ >= 0, "writer", "an open writer", "a committed one");
   const auto it = index_.find(name);
   MXMOE_CHECK_ARG(it != index_.end(), "tensor name", "a declared tensor", "'" + std::string(name) + "'");
   slot& s = slots_[it->second];
@@ -350,22 +382,60 @@ void safetensors_writer::write(std::string_view name, const void* data, size_t b
                   "[" + std::to_string(offset) + ", " + std::to_string(offset + bytes) + ")");
   if (bytes == 0) return;
   const uint64_t end = offset + bytes;
-  auto next = s.written.lower_bound(offset);
-  const bool overlaps_next = next != s.written.end() && next->first < end;
-  const bool overlaps_prev = next != s.written.begin() && std::prev(next)->second > offset;
-  MXMOE_CHECK_ARG(!overlaps_next && !overlaps_prev, s.decl.name + " write", "a range not written before",
-                  "[" + std::to_string(offset) + ", " + std::to_string(end) + ")");
-  write_all(fd_, data, bytes, data_offset_ + s.begin + offset, temp_path_);
-  uint64_t b = offset, e = end;
-  if (next != s.written.begin() && std::prev(next)->second == b) {
-    b = std::prev(next)->first;
-    s.written.erase(std::prev(next));
+  {
+    // The range is claimed before the bytes go out, so that threads write their pieces at once.
+    std::lock_guard<std::mutex> lock(mutex_);
+    MXMOE_CHECK_ARG(!committed_ && fd_ >= 0, "writer", "an open writer", "a committed one");
+    auto next = s.written.lower_bound(offset);
+    const bool overlaps_next = next != s.written.end() && next->first < end;
+    const bool overlaps_prev = next != s.written.begin() && std::prev(next)->second > offset;
+    MXMOE_CHECK_ARG(!overlaps_next && !overlaps_prev, s.decl.name + " write", "a range not written before",
+                    "[" + std::to_string(offset) + ", " + std::to_string(end) + ")");
+    uint64_t b = offset, e = end;
+    if (next != s.written.begin() && std::prev(next)->second == b) {
+      b = std::prev(next)->first;
+      s.written.erase(std::prev(next));
+    }
+    if (next != s.written.end() && next->first == e) {
+      e = next->second;
+      s.written.erase(next);
+    }
+    s.written[b] = e;
   }
-  if (next != s.written.end() && next->first == e) {
-    e = next->second;
-    s.written.erase(next);
+  const uint64_t at = data_offset_ + s.begin + offset;
+  write_all(fd_, data, bytes, at, temp_path_.empty() ? path_ : temp_path_);
+  // Start write-back now (without waiting for it): the fsync at commit() then finds little dirty.
+  if (bytes >= kWriteBackBytes) ::sync_file_range(fd_, static_cast<off_t>(at), static_cast<off_t>(bytes), SYNC_FILE_RANGE_WRITE);
+}
+
+// The synced temporary becomes `path_`: an unnamed one is linked (under its final name, or, to
+// replace an output, under a temporary name renamed over it at once); a named one is renamed.
+void safetensors_writer::link_into_place() {
+  if (!temp_path_.empty()) {
+    if (::rename(temp_path_.c_str(), path_.c_str()) != 0) throw_errno("cannot rename the temporary file to", path_);
+    return;
   }
-  s.written[b] = e;
+  const std::string proc = "/proc/self/fd/" + std::to_string(fd_);
+  if (!overwrite_) {
+    // linkat refuses an existing name: the output appearing meanwhile is never replaced.
+    if (::linkat(AT_FDCWD, proc.c_str(), AT_FDCWD, path_.c_str(), AT_SYMLINK_FOLLOW) != 0) {
+      if (errno == EEXIST)
+        throw invalid_argument("output", "a path that does not exist (or overwrite, --force)", "existing file '" + path_ + "'");
+      throw_errno("cannot link the temporary file to", path_);
+    }
+    return;
+  }
+  const std::filesystem::path out(path_);
+  const std::string link = (out.parent_path() / ("." + out.filename().string() + ".tmp-" + std::to_string(::getpid()) +
+                                                 "-" + std::to_string(fd_)))
+                               .string();
+  ::unlink(link.c_str());  // a leftover of a killed process with the same pid
+  if (::linkat(AT_FDCWD, proc.c_str(), AT_FDCWD, link.c_str(), AT_SYMLINK_FOLLOW) != 0)
+    throw_errno("cannot link the temporary file next to", path_);
+  if (::rename(link.c_str(), path_.c_str()) != 0) {
+    ::unlink(link.c_str());
+    throw_errno("cannot rename the temporary file to", path_);
+  }
 }
 
 void safetensors_writer::commit() {
@@ -375,16 +445,15 @@ void safetensors_writer::commit() {
     MXMOE_CHECK_ARG(s.size == 0 || (s.written.size() == 1 && done == s.size), s.decl.name,
                     "all " + std::to_string(s.size) + " bytes written", "an incomplete tensor");
   }
-  if (::fsync(fd_) != 0) throw_errno("cannot sync", temp_path_);
-  if (::close(fd_) != 0) {
-    fd_ = -1;
-    throw_errno("cannot close", temp_path_);
-  }
-  fd_ = -1;
+  const std::string& temp = temp_path_.empty() ? path_ : temp_path_;
+  if (::fsync(fd_) != 0) throw_errno("cannot sync", temp);
   MXMOE_CHECK_ARG(overwrite_ || !std::filesystem::exists(path_), "output",
                   "a path that does not exist (or overwrite, --force)", "existing file '" + path_ + "'");
-  if (::rename(temp_path_.c_str(), path_.c_str()) != 0) throw_errno("cannot rename the temporary file to", path_);
+  link_into_place();
   committed_ = true;
+  const int fd = fd_;
+  fd_ = -1;
+  if (::close(fd) != 0) throw_errno("cannot close", path_);
   const std::filesystem::path out(path_);
   const std::string dir = out.has_parent_path() ? out.parent_path().string() : ".";
   const int dfd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);

@@ -15,6 +15,8 @@
 #include <nlohmann/json.hpp>
 #include <map>
 #include <random>
+#include <csignal>
+#include <thread>
 
 #include "mxmoe/checkpoint.h"
 #include "mxmoe/convert.h"
@@ -564,4 +566,112 @@ TEST_F(Cli, HelpDocsAndJsonErrorsAgreeWithTheProgram) {
     EXPECT_NE(docs.find("no usable sm_90 GPU or CUDA driver was found, so the CPU backend runs (detail: "),
               std::string::npos);
   }
+}
+
+// NaN / Inf weights are refused by default (exit code 6, the tensor as the file names it, the
+// expert and the first [row, col] of its matrix in the file), and nothing is left behind;
+// --allow-nonfinite keeps them as NaN blocks, counted.
+TEST_F(Cli, QuantizeRefusesNonfiniteWeightsUnlessAllowed) {
+  const std::string tensor = "model.layers.0.mlp.experts.gate_up_proj";
+  // gate_up_proj [E, H, 2I] = [4, 64, 64]: expert 1, row 3, column 17.
+  const std::string in = write_gpt_oss("nan.safetensors", 64, 32, 5, dtype::bf16, {tensor}, 64 * 64 + 3 * 64 + 17);
+  const std::string out = path("q.safetensors");
+  const result r = mxmoe_cmd("quantize " + in + " " + out + " --rule even --device cpu", true);
+  EXPECT_EQ(r.code, 6) << r.out;
+  EXPECT_NE(r.out.find("non-finite input: argument '" + tensor + "'"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("NaN at [3, 17] of expert 1 ([64, 64])"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("--allow-nonfinite"), std::string::npos) << r.out;
+  EXPECT_FALSE(fs::exists(out));
+  EXPECT_EQ(std::distance(fs::directory_iterator(dir_), fs::directory_iterator()), 1);  // the input alone
+  const result j = mxmoe_cmd("quantize " + in + " " + out + " --rule even --device cpu --json");
+  EXPECT_EQ(j.code, 6);
+  const auto err = nlohmann::json::parse(j.out);
+  EXPECT_EQ(err["tensor"], tensor);
+  EXPECT_EQ(err["exit_code"], 6);
+
+  const result ok = mxmoe_cmd("quantize " + in + " " + out + " --rule even --device cpu --allow-nonfinite --json");
+  ASSERT_EQ(ok.code, 0) << ok.out;
+  EXPECT_EQ(nlohmann::json::parse(ok.out)["total"]["nonfinite_blocks"], 1);
+}
+
+// OUT of quantize and dequantize is checked before any work: not a directory, in one that exists.
+TEST_F(Cli, ConversionOutputPathsCheckedFirst) {
+  const std::string in = write_bf16("in.safetensors", 64, 32, 3), q = path("q.safetensors");
+  ASSERT_EQ(mxmoe_cmd("quantize " + in + " " + q + " --rule even --device cpu").code, 0);
+  for (const std::string cmd : {"quantize " + in + " {} --rule even --device cpu", "dequantize " + q + " {}"}) {
+    for (const auto& [target, message] :
+         {std::pair{dir_.string(), "OUT: expected a file path, not a directory; got '" + dir_.string() + "'"},
+          std::pair{path("no/such.safetensors"),
+                    "OUT: expected a path in an existing directory; got '" + path("no/such.safetensors") + "'"}}) {
+      std::string line = cmd;
+      line.replace(line.find("{}"), 2, target);
+      const result r = mxmoe_cmd(line, true);
+      EXPECT_EQ(r.code, 2) << line << "\n" << r.out;
+      EXPECT_NE(r.out.find(message), std::string::npos) << line << "\n" << r.out;
+    }
+  }
+}
+
+// A dequantized BF16 file holds no MXFP4 scale rule; the MoE configuration (still true) stays.
+TEST_F(Cli, DequantizedFileDropsTheScaleRule) {
+  const std::string in = write_bf16("in.safetensors", 64, 32, 4), q = path("q.safetensors"), d = path("d.safetensors");
+  ASSERT_EQ(mxmoe_cmd("quantize " + in + " " + q + " --rule mse --device cpu").code, 0);
+  ASSERT_EQ(safetensors_reader(q).metadata().count("mxmoe.scale_rule"), 1u);
+  ASSERT_EQ(mxmoe_cmd("dequantize " + q + " " + d).code, 0);
+  const auto meta = safetensors_reader(d).metadata();
+  EXPECT_EQ(meta.count("mxmoe.scale_rule"), 0u);
+  EXPECT_EQ(meta.at("mxmoe.moe_config"), safetensors_reader(q).metadata().at("mxmoe.moe_config"));
+}
+
+// quantize reports its rate (human and --json) and shows it with the time left on a terminal.
+TEST_F(Cli, QuantizeReportsThroughput) {
+  const std::string in = write_bf16("in.safetensors", 64, 32, 6), q = path("q.safetensors");
+  const result j = mxmoe_cmd("quantize " + in + " " + q + " --rule even --device cpu --json");
+  ASSERT_EQ(j.code, 0);
+  const auto rep = nlohmann::json::parse(j.out);
+  EXPECT_GT(rep["input_gb_per_s"].get<double>(), 0.0);
+  EXPECT_GE(rep["workers"].get<int>(), 1);
+  const result text = mxmoe_cmd("quantize " + in + " " + q + " --rule even --device cpu --force");
+  EXPECT_NE(text.out.find(" GB/s of input, "), std::string::npos) << text.out;
+  const std::string shown =
+      on_terminal(std::string(MXMOE_BINARY_DIR) + "/bin/mxmoe quantize " + in + " " + q + " --rule even --device cpu --force");
+  EXPECT_NE(shown.find(" GB/s, "), std::string::npos) << shown;
+  EXPECT_NE(shown.find(" s left "), std::string::npos) << shown;
+}
+
+// SIGKILL in the middle of a conversion leaves neither an output nor a temporary file: the
+// temporary is unnamed (O_TMPFILE) until the finished file is linked into place.
+TEST_F(Cli, KilledQuantizeLeavesNothingBehind) {
+  const std::string in = path("big.safetensors"), out = path("q.safetensors");
+  // 16 experts of H = I = 2048: 400 MB of BF16 experts, seconds of work on a small machine.
+  ASSERT_EQ(mxmoe_cmd_raw(std::string(MXMOE_BINARY_DIR) + "/bin/make_checkpoint " + in +
+                          " --layers 1 --experts 16 --hidden 2048 --intermediate 2048 >/dev/null")
+                .code,
+            0);
+  const std::string bin = std::string(MXMOE_BINARY_DIR) + "/bin/mxmoe";
+  const pid_t pid = ::fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    ::execl(bin.c_str(), bin.c_str(), "quantize", in.c_str(), out.c_str(), "--rule", "mse", "--device", "cpu",
+            static_cast<char*>(nullptr));
+    ::_exit(127);
+  }
+  // Kill once the output file is open (a descriptor into dir_ other than the input): mid-run.
+  bool writing = false;
+  for (int i = 0; i < 2000 && !writing; ++i) {
+    std::error_code ec;
+    for (const auto& fd : fs::directory_iterator("/proc/" + std::to_string(pid) + "/fd", ec)) {
+      const std::string target = fs::read_symlink(fd.path(), ec).string();
+      writing = writing || (target.rfind(dir_.string(), 0) == 0 && target != in);
+    }
+    if (!writing) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  ::kill(pid, SIGKILL);
+  int status = 0;
+  ASSERT_EQ(::waitpid(pid, &status, 0), pid);
+  ASSERT_TRUE(writing) << "the conversion never opened its output";
+  ASSERT_TRUE(WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL) << "it ended before the kill; use a larger file";
+  std::vector<std::string> left;
+  for (const auto& e : fs::directory_iterator(dir_)) left.push_back(e.path().filename().string());
+  EXPECT_EQ(left, std::vector<std::string>{"big.safetensors"});
 }

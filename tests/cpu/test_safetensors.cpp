@@ -137,8 +137,14 @@ TEST(Safetensors, AbandonedWriterRemovesItsTemporaryFile) {
   const std::string path = (d / "x.safetensors").string();
   {
     safetensors_writer w(path, {{"a", dtype::u8, {4}}});
-    EXPECT_TRUE(fs::exists(w.temp_path()));
-    EXPECT_EQ(fs::path(w.temp_path()).parent_path(), d);
+    // An unnamed temporary (O_TMPFILE) leaves nothing in the directory even before the end; a
+    // named one (file systems without O_TMPFILE) lies next to the output.
+    if (w.temp_path().empty()) {
+      EXPECT_TRUE(files_in(d).empty());
+    } else {
+      EXPECT_TRUE(fs::exists(w.temp_path()));
+      EXPECT_EQ(fs::path(w.temp_path()).parent_path(), d);
+    }
   }
   EXPECT_TRUE(files_in(d).empty());
   EXPECT_THROW(safetensors_writer(path, {{"a", dtype::u8, {1}}, {"a", dtype::u8, {1}}}), invalid_argument);
