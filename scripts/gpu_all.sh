@@ -3,9 +3,12 @@
 # (scripts/setup.sh, carried in build/bin). Full results go to $OUT (default ./gpu-out):
 #   log.txt            everything printed
 #   gpu_tests.json     GoogleTest results of mxmoe_gpu_tests
-#   bench_quantize.json, torch.json, peer.json, bench_moe.json, roofline.png, python.json, python.log
+#   bench_quantize.json, torch.json, peer.json, bench_moe.json, roofline.png, python.json, python.log,
+#   convert.json
 #   summary.txt        the short table printed last
-# Steps (MXMOE_STEPS, default all): tests sanitize cli quantize torch peer moe python
+# Steps (MXMOE_STEPS, default all): tests sanitize cli convert quantize torch peer moe python
+#   convert: scripts/bench_convert.sh on a synthetic BF16 checkpoint of MXMOE_CONVERT_GB (default 6)
+#   GB in $TMPDIR: the read rate of cat, then quantize on cpu and cuda (wall, GB/s, peak RSS)
 #   peer: bench/peer_triton.py (triton_kernels matmul_ogs as vLLM 0.33.0 runs it) from .peer/
 #   (scripts/fetch_peer.sh; MXMOE_PEER_DIR elsewhere); when absent or failing, peer.json says why
 #   python: python/tests/gpu_step.py: the CUDA half of python/tests (pytest -m cuda: torch ops on
@@ -21,7 +24,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-$PWD/gpu-out}
 BIN=${MXMOE_BIN:-build/bin}
-STEPS=${MXMOE_STEPS:-tests sanitize cli quantize torch peer moe python}
+STEPS=${MXMOE_STEPS:-tests sanitize cli convert quantize torch peer moe python}
 TOKENS=${MXMOE_TOKENS:-1,8,32,64,128,512,2048,8192,16384}
 SHAPES=${MXMOE_SHAPES:-gpt-oss-120b,qwen3-30b-a3b,kimi-k2,gpt-oss-20b,deepseek-v3,deepseek-v4-flash-like}
 COMMIT=${MXMOE_COMMIT:-unknown}
@@ -50,7 +53,7 @@ if has tests; then
 fi
 if has sanitize; then
   # Small cases only: the sanitizers slow kernels down 10-100x.
-  FILTER='*tiny_silu*:*odd_k_swiglu_bias*:GpuMoeRouting.*:GpuMoeGraph.*:GpuMoePrefillSanitize.*:GpuQuantize*Small*:*MseClose*bf16*:*AsyncStatistics*:*Bad*:GpuParallelMap.*:GpuParallelTp.*:GpuParallelLocal.*'
+  FILTER='*tiny_silu*:*odd_k_swiglu_bias*:GpuMoeRouting.*:GpuMoeGraph.*:GpuMoePrefillSanitize.*:GpuQuantize*Small*:*MseClose*bf16*:*AsyncStatistics*:*Bad*:GpuConvert.*:GpuParallelMap.*:GpuParallelTp.*:GpuParallelLocal.*'
   for tool in memcheck racecheck; do
     step "compute-sanitizer $tool"
     f=$FILTER
@@ -86,6 +89,11 @@ if has cli; then
   run_cli run --preset gpt-oss-120b --experts 8 --tokens 16 --device cuda --tp 2
   run_cli bench --shapes qwen3-30b-a3b --tokens 1,64 --iters 5
   rm -rf "$d"
+fi
+if has convert; then
+  step "checkpoint conversion"
+  timeout 300 scripts/bench_convert.sh --bin "$BIN" --size-gb "${MXMOE_CONVERT_GB:-6}" --devices "cpu cuda" \
+    --file "${TMPDIR:-/tmp}/mxmoe-bench-bf16.safetensors" --json "$OUT/convert.json" 2>&1 | tee -a "$LOG" | grep -v '^[ {}\[\]]' ; [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
 fi
 if has quantize; then
   step "quantize benchmark"

@@ -77,6 +77,12 @@ elif load("peer.json"):
         print(f"  peer did not run: {p.get('reason', '?')}")
     for r in p.get("rows", []):
         print(f"  {r['shape']:22s} {r['tokens']:6d} " + (f"{r['us']:9.1f} us" if "us" in r else f"failed: {r.get('error')}"))
+cv = load("convert.json")
+if cv:
+    print(f"checkpoint conversion ({cv['file_bytes'] / 1e9:.2f} GB BF16, cat {cv['read_gb_s']:.2f} GB/s):")
+    for r in cv.get("runs", []):
+        print(f"  quantize --device {r['device']:4s} exit {r['exit_code']}: {r['wall_s']:7.2f} s, "
+              f"{r['wall_gb_s']:.2f} GB/s ({100 * r['vs_read']:.0f}% of read), peak RSS {r['peak_rss_bytes'] / 2**30:.2f} GiB")
 py = load("python.json")
 if py:
     counts = py.get("tests", {}).get("counts", {})

@@ -179,20 +179,18 @@ mxmoe_moe_config gpt_oss_like() {
           MXMOE_GATE_UP_INTERLEAVED};
 }
 
-// Host buffers of one MXFP4 layer (with biases) and the mxmoe_moe_weights viewing them.
-struct layer_buffers {
-  std::vector<uint8_t> gub = std::vector<uint8_t>(kE * 2 * kI * kH / 2), gus = std::vector<uint8_t>(kE * 2 * kI * kH / 32),
-                       dnb = std::vector<uint8_t>(kE * kH * kI / 2), dns = std::vector<uint8_t>(kE * kH * kI / 32);
-  std::vector<uint16_t> gu_bias = std::vector<uint16_t>(kE * 2 * kI), dn_bias = std::vector<uint16_t>(kE * kH);
+// The mxmoe_moe_weights of an MXFP4 layer with biases and `e` experts, viewing buffers the caller
+// keeps, as a C caller builds them.
+struct c_mxfp4_layer {
   mxmoe_tensor t[6];
   mxmoe_moe_weights w{};
-  layer_buffers() {
-    t[0] = make(gub.data(), MXMOE_U8, {kE, 2 * kI, kH / 32, 16});
-    t[1] = make(gus.data(), MXMOE_U8, {kE, 2 * kI, kH / 32});
-    t[2] = make(dnb.data(), MXMOE_U8, {kE, kH, kI / 32, 16});
-    t[3] = make(dns.data(), MXMOE_U8, {kE, kH, kI / 32});
-    t[4] = make(gu_bias.data(), MXMOE_BF16, {kE, 2 * kI});
-    t[5] = make(dn_bias.data(), MXMOE_BF16, {kE, kH});
+  c_mxfp4_layer(void* gub, void* gus, void* dnb, void* dns, void* gu_bias, void* dn_bias, int64_t e) {
+    t[0] = make(gub, MXMOE_U8, {e, 2 * kI, kH / 32, 16});
+    t[1] = make(gus, MXMOE_U8, {e, 2 * kI, kH / 32});
+    t[2] = make(dnb, MXMOE_U8, {e, kH, kI / 32, 16});
+    t[3] = make(dns, MXMOE_U8, {e, kH, kI / 32});
+    t[4] = make(gu_bias, MXMOE_BF16, {e, 2 * kI});
+    t[5] = make(dn_bias, MXMOE_BF16, {e, kH});
     w.format = MXMOE_WEIGHTS_MXFP4;
     w.gate_up_blocks = &t[0];
     w.gate_up_scales = &t[1];
@@ -201,6 +199,21 @@ struct layer_buffers {
     w.gate_up_bias = &t[4];
     w.down_bias = &t[5];
   }
+  c_mxfp4_layer(const c_mxfp4_layer&) = delete;  // w points into t
+  c_mxfp4_layer& operator=(const c_mxfp4_layer&) = delete;
+};
+
+struct layer_storage {
+  std::vector<uint8_t> gub = std::vector<uint8_t>(kE * 2 * kI * kH / 2), gus = std::vector<uint8_t>(kE * 2 * kI * kH / 32),
+                       dnb = std::vector<uint8_t>(kE * kH * kI / 2), dns = std::vector<uint8_t>(kE * kH * kI / 32);
+  std::vector<uint16_t> gu_bias = std::vector<uint16_t>(kE * 2 * kI), dn_bias = std::vector<uint16_t>(kE * kH);
+};
+
+// Host buffers of one MXFP4 layer of kE experts (with biases) and the mxmoe_moe_weights viewing them
+// (the storage base is constructed first).
+struct layer_buffers : layer_storage, c_mxfp4_layer {
+  layer_buffers()
+      : c_mxfp4_layer(gub.data(), gus.data(), dnb.data(), dns.data(), gu_bias.data(), dn_bias.data(), kE) {}
 };
 
 class CApiRoad : public ::testing::Test {
@@ -316,31 +329,15 @@ TEST_F(CApiRoad, PrepareOptionsAreTheLibrarys) {
   const mxmoe::owned_weights held = mxmoe::select_experts(full.weights(), full.cfg, map);
   const int64_t eh = 2;
 
-  // Views of host weights holding `e` experts, as a C caller builds them.
-  struct c_weights {
-    mxmoe_tensor t[6];
-    mxmoe_moe_weights w{};
-    c_weights(const mxmoe::moe_weights& v, int64_t e) {
-      t[0] = make(v.gate_up_blocks.data, MXMOE_U8, {e, 2 * kI, kH / 32, 16});
-      t[1] = make(v.gate_up_scales.data, MXMOE_U8, {e, 2 * kI, kH / 32});
-      t[2] = make(v.down_blocks.data, MXMOE_U8, {e, kH, kI / 32, 16});
-      t[3] = make(v.down_scales.data, MXMOE_U8, {e, kH, kI / 32});
-      t[4] = make(v.gate_up_bias.data, MXMOE_BF16, {e, 2 * kI});
-      t[5] = make(v.down_bias.data, MXMOE_BF16, {e, kH});
-      w.format = MXMOE_WEIGHTS_MXFP4;
-      w.gate_up_blocks = &t[0];
-      w.gate_up_scales = &t[1];
-      w.down_blocks = &t[2];
-      w.down_scales = &t[3];
-      w.gate_up_bias = &t[4];
-      w.down_bias = &t[5];
-    }
+  const auto views = [](const mxmoe::moe_weights& v, int64_t e) {
+    return c_mxfp4_layer(v.gate_up_blocks.data, v.gate_up_scales.data, v.down_blocks.data, v.down_scales.data,
+                         v.gate_up_bias.data, v.down_bias.data, e);
   };
-  const c_weights whole(full.weights(), kE), mine(held.weights(), eh);
+  const c_mxfp4_layer whole = views(full.weights(), kE), mine = views(held.weights(), eh);
   const mxmoe_tensor xt = make(const_cast<uint16_t*>(in.x.data()), MXMOE_BF16, {6, kH}),
                      lt = make(const_cast<float*>(in.logits.data()), MXMOE_F32, {6, kE});
   struct option_case {
-    const c_weights* w;
+    const c_mxfp4_layer* w;
     const mxmoe::moe_weights cxx;
     std::vector<int32_t> map;
     int32_t rank, ranks;

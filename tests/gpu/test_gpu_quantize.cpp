@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "cuda_ok.h"
+#include "stats_compare.h"
 #include "mxmoe/cuda.h"
 #include "mxmoe/error.h"
 #include "mxmoe/layout.h"
@@ -154,17 +155,6 @@ quantized quantize_on_gpu(const host_tensor& x, scale_rule rule, scale_layout la
   if (dp.size()) dp.download(q.packed.data(), dp.size());
   if (ds.size()) ds.download(q.scales.data(), ds.size());
   return q;
-}
-
-void expect_same_stats(const quant_stats& gpu, const quant_stats& cpu, const std::string& what) {
-  EXPECT_EQ(gpu.elements, cpu.elements) << what;
-  EXPECT_EQ(gpu.blocks, cpu.blocks) << what;
-  EXPECT_EQ(gpu.saturated_blocks, cpu.saturated_blocks) << what;
-  EXPECT_EQ(gpu.clamped_elements, cpu.clamped_elements) << what;
-  EXPECT_EQ(gpu.flushed_elements, cpu.flushed_elements) << what;
-  EXPECT_EQ(gpu.nonfinite_blocks, cpu.nonfinite_blocks) << what;
-  EXPECT_NEAR(gpu.signal_sq, cpu.signal_sq, 1e-6 * std::fabs(cpu.signal_sq)) << what;
-  EXPECT_NEAR(gpu.error_sq, cpu.error_sq, 1e-6 * std::fabs(cpu.error_sq)) << what;
 }
 
 // Index of the first differing byte, or -1.
