@@ -13,7 +13,7 @@
 //         download: cuda::matrix_pipeline) while a second thread writes finished slots.
 // The output bytes are the same on both devices and for any number of workers (the statistics too
 // on one device: each matrix's are merged in file order). Other tensors are copied in 64 MiB
-// pieces, also by pread.
+// pieces, also by pread. dequantize_checkpoint reads one expert matrix at a time by pread too.
 //
 // Everything is validated first (MoE layers found, H and I multiples of 32, the device usable, the
 // output absent unless `overwrite`), before the output is created. The output is written to an

@@ -436,6 +436,9 @@ void dequantize_checkpoint(const std::string& in, const std::string& out, const 
     prog.copied(e);
   }
   size_t expert_index = 0;
+  // Each expert's codes and scales are read (pread) into these, not touched through the mapping,
+  // so memory stays at one expert's matrices whatever the file size.
+  std::vector<uint8_t> blocks, scales;
   std::vector<uint16_t> values, transposed;
   for (const auto& l : layers) {
     const auto q = checkpoint::mxfp4_tensor_names(l.prefix);
@@ -446,11 +449,15 @@ void dequantize_checkpoint(const std::string& in, const std::string& out, const 
       for (const auto* g : {&gu, &dn}) {
         const bool is_gu = g == &gu;
         const layout::checkpoint_xw& xw = is_gu ? gu_xw : dn_xw;
-        const uint8_t* blocks = r.bytes(r.entry(is_gu ? q.gate_up_blocks : q.down_blocks)).data();
-        const uint8_t* scales = r.bytes(r.entry(is_gu ? q.gate_up_scales : q.down_scales)).data();
+        blocks.resize(static_cast<size_t>(g->rows * g->row_bytes()));
+        scales.resize(static_cast<size_t>(g->rows * g->scale_cols()));
+        r.read(r.entry(is_gu ? q.gate_up_blocks : q.down_blocks), static_cast<uint64_t>(g->code_offset(ex, 0, 0).byte),
+               blocks.size(), blocks.data());
+        r.read(r.entry(is_gu ? q.gate_up_scales : q.down_scales), static_cast<uint64_t>(g->scale_offset(ex, 0, 0)),
+               scales.size(), scales.data());
         values.resize(static_cast<size_t>(g->rows * g->cols));
-        dequantize(tensor_view(blocks + g->code_offset(ex, 0, 0).byte, dtype::u8, {g->rows, g->row_bytes()}),
-                   tensor_view(scales + g->scale_offset(ex, 0, 0), dtype::u8, {g->rows, g->scale_cols()}),
+        dequantize(tensor_view(blocks.data(), dtype::u8, {g->rows, g->row_bytes()}),
+                   tensor_view(scales.data(), dtype::u8, {g->rows, g->scale_cols()}),
                    scale_layout::linear, tensor_view(values.data(), dtype::bf16, {g->rows, g->cols}));
         // Checkpoint rows are outputs; the gpt-oss BF16 layout stores the x·W form.
         transposed.resize(values.size());
