@@ -51,7 +51,6 @@ void moe_layer::forward(const tensor_view&, const routing_input&, const tensor_v
   no_cuda();
 }
 
-
 struct matrix_pipeline::impl {};
 matrix_pipeline::matrix_pipeline(int, size_t, int64_t) { no_cuda(); }
 matrix_pipeline::~matrix_pipeline() = default;

@@ -239,16 +239,30 @@ struct matrix_source {
   MXMOE_HD int64_t size() const { return rows * cols; }
   // Element index, in the bytes read, of W[n][k].
   MXMOE_HD int64_t offset(int64_t n, int64_t k) const {
-    if (order == source_order::xw) return k * rows + n;
+    if (order == source_order::xw) return checkpoint_xw{1, rows, cols}.offset(0, n, k);
     if (order == source_order::gate_up_pair) {
-      const gate_up_rows g{rows / 2, gate_up_order::interleaved};
       int64_t j;
       int is_up;
-      g.split_checkpoint_row(n, &j, &is_up);
+      pair_rows().split_checkpoint_row(n, &j, &is_up);
       return (is_up * (rows / 2) + j) * cols + k;
     }
     return n * cols + k;
   }
+  // The inverse: W[n][k] held at element index `off` of the bytes read.
+  MXMOE_HD void coord(int64_t off, int64_t* n, int64_t* k) const {
+    if (order == source_order::xw) {
+      int64_t e;
+      checkpoint_xw{1, rows, cols}.coord(off, &e, n, k);
+      return;
+    }
+    *k = off % cols;
+    const int64_t row = off / cols;
+    *n = order == source_order::gate_up_pair ? pair_rows().checkpoint_row(row % (rows / 2), static_cast<int>(row / (rows / 2)))
+                                             : row;
+  }
+
+ private:
+  MXMOE_HD gate_up_rows pair_rows() const { return {rows / 2, gate_up_order::interleaved}; }
 };
 
 // ---- contiguous parts of n items over P ranks -------------------------------------------

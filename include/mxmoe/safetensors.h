@@ -140,7 +140,8 @@ class safetensors_writer {
   void link_into_place();
   std::string path_, temp_path_;
   bool overwrite_ = false, committed_ = false;
-  std::mutex mutex_;  // guards the slots' `written` ranges
+  bool failed_write_ = false;  // a write() threw after claiming its range
+  std::mutex mutex_;           // guards the slots' `written` ranges and failed_write_
   int fd_ = -1;
   uint64_t data_offset_ = 0;
   std::vector<slot> slots_;

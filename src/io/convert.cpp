@@ -57,10 +57,12 @@ std::vector<tensor_decl> output_decls(const safetensors_reader& r, const std::ve
   return decls;
 }
 
-bool is_expert_tensor(const std::vector<checkpoint::moe_layer_info>& layers, const std::string& name) {
-  for (const auto& l : layers)
-    if (std::find(l.expert_tensors.begin(), l.expert_tensors.end(), name) != l.expert_tensors.end()) return true;
-  return false;
+// Every layer's expert tensors, built once: a per-expert checkpoint (Qwen3, DeepSeek) has tens of
+// thousands of them, and each file entry is looked up.
+std::set<std::string> expert_tensor_set(const std::vector<checkpoint::moe_layer_info>& layers) {
+  std::set<std::string> names;
+  for (const auto& l : layers) names.insert(l.expert_tensors.begin(), l.expert_tensors.end());
+  return names;
 }
 
 std::string expert_note(const checkpoint::moe_layer_info& l, int64_t expert) {
@@ -72,11 +74,12 @@ std::string expert_note(const checkpoint::moe_layer_info& l, int64_t expert) {
 // call at a time, so the callback sees done = 1, 2, ... total.
 class progress {
  public:
-  progress(const progress_callback& cb, const safetensors_reader& r, const std::vector<checkpoint::moe_layer_info>& layers)
+  progress(const progress_callback& cb, const safetensors_reader& r, const std::vector<checkpoint::moe_layer_info>& layers,
+           const std::set<std::string>& expert_tensors)
       : cb_(cb) {
     for (const auto& e : r.entries()) {
       bytes_total_ += e.nbytes();
-      if (!is_expert_tensor(layers, e.name)) ++total_;
+      if (!expert_tensors.count(e.name)) ++total_;
     }
     for (const auto& l : layers) {
       total_ += l.shape.experts;
@@ -375,11 +378,12 @@ quantize_report quantize_checkpoint(const std::string& in, const std::string& ou
   safetensors_writer w(out, decls, meta, options.overwrite);
 
   quantize_report rep;
-  progress prog(options.on_progress, r, layers);
+  const std::set<std::string> expert_tensors = expert_tensor_set(layers);
+  progress prog(options.on_progress, r, layers, expert_tensors);
   std::vector<uint8_t> buf;
   for (const auto& e : r.entries()) {
     rep.input_bytes += e.nbytes();
-    if (is_expert_tensor(layers, e.name)) continue;
+    if (expert_tensors.count(e.name)) continue;
     copy_tensor(r, e, w, buf);
     ++rep.copied_tensors;
     rep.copied_bytes += e.nbytes();
@@ -428,10 +432,11 @@ void dequantize_checkpoint(const std::string& in, const std::string& out, const 
   std::map<std::string, std::string> meta = r.metadata();
   meta.erase("mxmoe.scale_rule");
   safetensors_writer w(out, decls, meta, options.overwrite);
-  progress prog(options.on_progress, r, layers);
+  const std::set<std::string> expert_tensors = expert_tensor_set(layers);
+  progress prog(options.on_progress, r, layers, expert_tensors);
   std::vector<uint8_t> buf;
   for (const auto& e : r.entries()) {
-    if (is_expert_tensor(layers, e.name)) continue;
+    if (expert_tensors.count(e.name)) continue;
     copy_tensor(r, e, w, buf);
     prog.copied(e);
   }

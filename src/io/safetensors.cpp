@@ -403,7 +403,14 @@ void safetensors_writer::write(std::string_view name, const void* data, size_t b
     s.written[b] = e;
   }
   const uint64_t at = data_offset_ + s.begin + offset;
-  write_all(fd_, data, bytes, at, temp_path_.empty() ? path_ : temp_path_);
+  try {
+    write_all(fd_, data, bytes, at, temp_path_.empty() ? path_ : temp_path_);
+  } catch (...) {
+    // The range was claimed as written: commit() must not trust the claims any more.
+    std::lock_guard<std::mutex> lock(mutex_);
+    failed_write_ = true;
+    throw;
+  }
   // Start write-back now (without waiting for it): the fsync at commit() then finds little dirty.
   if (bytes >= kWriteBackBytes) ::sync_file_range(fd_, static_cast<off_t>(at), static_cast<off_t>(bytes), SYNC_FILE_RANGE_WRITE);
 }
@@ -440,6 +447,7 @@ void safetensors_writer::link_into_place() {
 
 void safetensors_writer::commit() {
   MXMOE_CHECK_ARG(!committed_ && fd_ >= 0, "writer", "an open writer", "a committed one");
+  MXMOE_CHECK_ARG(!failed_write_, "writer", "every write() to have succeeded", "a failed write");
   for (const auto& s : slots_) {
     const uint64_t done = s.written.empty() ? 0 : s.written.begin()->second - s.written.begin()->first;
     MXMOE_CHECK_ARG(s.size == 0 || (s.written.size() == 1 && done == s.size), s.decl.name,

@@ -203,6 +203,41 @@ TEST(CheckpointXw, BijectionAndInverse) {
     }
 }
 
+// ---- matrix_source -----------------------------------------------------------------------------
+
+TEST(MatrixSource, BijectionAndInverseForEveryOrder) {
+  for (layout::source_order order : {layout::source_order::row_major, layout::source_order::xw,
+                                     layout::source_order::gate_up_pair})
+    for (int64_t rows : kRows)
+      for (int64_t cols : kCols) {
+        SCOPED_TRACE(testing::Message() << "order " << static_cast<int>(order) << " rows " << rows << " K " << cols);
+        if (order == layout::source_order::gate_up_pair && rows % 2) continue;  // gate and up rows in pairs
+        const layout::matrix_source m{order, rows, cols};
+        slot_tracker slots(m.size());
+        for (int64_t n = 0; n < rows; ++n)
+          for (int64_t k = 0; k < cols; ++k) {
+            const int64_t off = m.offset(n, k);
+            ASSERT_TRUE(slots.hit(off));
+            int64_t n2 = -1, k2 = -1;
+            m.coord(off, &n2, &k2);
+            ASSERT_EQ(n2, n);
+            ASSERT_EQ(k2, k);
+          }
+        for (int64_t s = 0; s < slots.slots(); ++s) ASSERT_TRUE(slots.was_hit(s));
+      }
+}
+
+TEST(MatrixSource, GateUpPairReadsGateThenUpInterleaved) {
+  // gate [2, 3] then up [2, 3]: W row 0 = gate 0 at 0, row 1 = up 0 at 6, row 2 = gate 1 at 3.
+  const layout::matrix_source m{layout::source_order::gate_up_pair, 4, 3};
+  EXPECT_EQ(m.offset(0, 0), 0);
+  EXPECT_EQ(m.offset(1, 0), 6);
+  EXPECT_EQ(m.offset(2, 1), 4);
+  EXPECT_EQ(m.offset(3, 2), 11);
+  const layout::matrix_source xw{layout::source_order::xw, 4, 3};  // [K = 3, N = 4]
+  EXPECT_EQ(xw.offset(1, 2), 2 * 4 + 1);
+}
+
 TEST(CheckpointXw, PinnedOffsets) {
   // gpt-oss gate_up_proj [E, H, 2I] with E = 2, H = 3 (K), 2I = 4 (N): W[n][k] is x·W's [k][n].
   const layout::checkpoint_xw c{2, 4, 3};
