@@ -23,6 +23,7 @@
 // commit() has little left to do.
 #pragma once
 
+#include <condition_variable>
 #include <cstddef>
 #include <cstdint>
 #include <map>
@@ -32,6 +33,7 @@
 #include <stdexcept>
 #include <string>
 #include <string_view>
+#include <thread>
 #include <vector>
 
 #include "mxmoe/dtype.h"
@@ -126,6 +128,8 @@ class safetensors_writer {
   // Writes `bytes` at byte `offset` of tensor `name`. Pieces must not overlap. Thread-safe.
   void write(std::string_view name, const void* data, size_t bytes, uint64_t offset = 0);
   // Every byte of every tensor written? Then fsync, rename over the output, fsync the directory.
+  // Large outputs are synced in the background as they are written (every kFlushBytes), so that
+  // the device writes while the caller computes and commit() finds little to wait for.
   void commit();
   const std::string& path() const { return path_; }
   // The named temporary file; empty when the temporary is unnamed (O_TMPFILE).
@@ -138,6 +142,8 @@ class safetensors_writer {
     std::map<uint64_t, uint64_t> written;  // disjoint [begin, end) ranges within the tensor
   };
   void link_into_place();
+  void flush_in_background();
+  void stop_flusher();
   std::string path_, temp_path_;
   bool overwrite_ = false, committed_ = false;
   bool failed_write_ = false;  // a write() threw after claiming its range
@@ -146,6 +152,13 @@ class safetensors_writer {
   uint64_t data_offset_ = 0;
   std::vector<slot> slots_;
   std::map<std::string, size_t, std::less<>> index_;
+  // The background sync (its own lock: a sync may take long and must not hold up write()).
+  std::mutex flush_mutex_;
+  std::condition_variable flush_wake_;
+  std::thread flusher_;
+  uint64_t unflushed_ = 0;
+  bool flush_requested_ = false, flusher_stop_ = false;
+  int flush_errno_ = 0;  // the first failed background sync: commit() fails with it
 };
 
 // Convenience: writes whole in-memory tensors (views must be contiguous, host) in one go.

@@ -4,14 +4,19 @@
 #include "mxmoe/convert.h"
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <chrono>
 #include <cmath>
 #include <condition_variable>
+#include <cstdio>
+#include <cstdlib>
 #include <exception>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <set>
 #include <thread>
 
@@ -26,6 +31,7 @@ namespace {
 constexpr size_t kCopyChunk = 64u << 20;           // bytes per read and write when copying a tensor
 constexpr uint64_t kWorkerMemory = 1ull << 30;     // buffers of all cpu workers together
 constexpr int kPipelineSlots = 3;                  // matrices in flight on the GPU
+constexpr int kReaders = 4;                        // threads reading each matrix on the cuda path
 
 void copy_tensor(const safetensors_reader& r, const safetensors_entry& e, safetensors_writer& w, std::vector<uint8_t>& buf) {
   for (uint64_t off = 0; off < e.nbytes(); off += kCopyChunk) {
@@ -202,6 +208,135 @@ class first_failure {
   std::atomic<bool> failed_{false};
 };
 
+// Seconds spent per stage of a conversion, summed over threads, printed to stderr at the end when
+// MXMOE_CONVERT_PROFILE is set: how the pipeline's time divides (docs/performance.md).
+class stage_profile {
+ public:
+  enum stage { setup, copy, read, submit, slot_wait, gpu_wait, write, commit, count };
+  static constexpr const char* kNames[count] = {"setup", "copy", "read", "submit", "slot_wait", "gpu_wait", "write", "commit"};
+  class timer {
+   public:
+    timer(stage_profile& p, stage s) : p_(p), s_(s), t0_(std::chrono::steady_clock::now()) {}
+    ~timer() { p_.ns_[s_] += std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0_).count(); }
+    timer(const timer&) = delete;
+    timer& operator=(const timer&) = delete;
+
+   private:
+    stage_profile& p_;
+    stage s_;
+    std::chrono::steady_clock::time_point t0_;
+  };
+  void print(double wall) const {
+    if (!std::getenv("MXMOE_CONVERT_PROFILE")) return;
+    std::string line = "mxmoe convert profile (s, summed over threads): wall " + std::to_string(wall);
+    for (int s = 0; s < count; ++s) line += std::string(", ") + kNames[s] + " " + std::to_string(ns_[s].load() * 1e-9);
+    std::fprintf(stderr, "%s\n", line.c_str());
+  }
+
+ private:
+  std::array<std::atomic<int64_t>, count> ns_{};
+};
+
+// A few threads that run the pieces of one task together: run(n, fn) calls fn(0) .. fn(n - 1) on
+// the pool's threads and the caller's, returns once all are done and rethrows the first failure.
+// One thread copying between the page cache and memory runs at a fraction of what the host's
+// memory does, so the cuda path reads and writes each matrix in parallel chunks.
+class chunk_pool {
+ public:
+  explicit chunk_pool(int threads) {
+    for (int t = 1; t < threads; ++t) pool_.emplace_back([this] { serve(); });
+  }
+  ~chunk_pool() {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      stop_ = true;
+    }
+    wake_.notify_all();
+    for (auto& t : pool_) t.join();
+  }
+  chunk_pool(const chunk_pool&) = delete;
+  chunk_pool& operator=(const chunk_pool&) = delete;
+
+  void run(size_t n, const std::function<void(size_t)>& fn) {
+    std::unique_lock<std::mutex> lock(mutex_);
+    fn_ = &fn;
+    count_ = n;
+    next_ = 0;
+    pending_ = n;
+    error_ = nullptr;
+    ++generation_;
+    lock.unlock();
+    wake_.notify_all();
+    work();
+    lock.lock();
+    done_.wait(lock, [&] { return pending_ == 0; });
+    fn_ = nullptr;
+    if (error_) std::rethrow_exception(error_);
+  }
+
+ private:
+  void work() {
+    for (;;) {
+      size_t i;
+      const std::function<void(size_t)>* fn;
+      {
+        std::lock_guard<std::mutex> lock(mutex_);
+        if (next_ >= count_) return;
+        i = next_++;
+        fn = fn_;
+      }
+      std::exception_ptr failed;
+      try {
+        (*fn)(i);
+      } catch (...) {
+        failed = std::current_exception();
+      }
+      std::lock_guard<std::mutex> lock(mutex_);
+      if (failed && !error_) error_ = failed;
+      if (--pending_ == 0) done_.notify_all();
+    }
+  }
+  void serve() {
+    uint64_t seen = 0;
+    for (;;) {
+      {
+        std::unique_lock<std::mutex> lock(mutex_);
+        wake_.wait(lock, [&] { return stop_ || generation_ != seen; });
+        if (stop_) return;
+        seen = generation_;
+      }
+      work();
+    }
+  }
+  std::vector<std::thread> pool_;
+  std::mutex mutex_;
+  std::condition_variable wake_, done_;
+  const std::function<void(size_t)>* fn_ = nullptr;
+  size_t count_ = 0, next_ = 0, pending_ = 0;
+  uint64_t generation_ = 0;
+  std::exception_ptr error_;
+  bool stop_ = false;
+};
+
+constexpr uint64_t kIoChunk = 4u << 20;  // bytes per piece of a parallel read or write
+
+// The pieces of `m`, back to back into `dst`, read in kIoChunk pieces by the pool.
+void read_matrix_parallel(const safetensors_reader& r, const checkpoint::expert_matrix& m, uint8_t* dst, chunk_pool& pool) {
+  struct chunk {
+    const safetensors_entry* entry;
+    uint64_t offset;
+    size_t bytes;
+    uint8_t* dst;
+  };
+  std::vector<chunk> chunks;
+  for (const auto& p : m.pieces) {
+    for (uint64_t off = 0; off < p.bytes; off += kIoChunk)
+      chunks.push_back({p.entry, p.offset + off, static_cast<size_t>(std::min<uint64_t>(kIoChunk, p.bytes - off)), dst + off});
+    dst += p.bytes;
+  }
+  pool.run(chunks.size(), [&](size_t i) { r.read(*chunks[i].entry, chunks[i].offset, chunks[i].bytes, chunks[i].dst); });
+}
+
 // What every path does with a quantized matrix: refuse NaN / Inf, write codes and scales, keep the
 // statistics for the in-order merge, report progress.
 struct job_sink {
@@ -272,14 +407,20 @@ void quantize_on_cpu(const safetensors_reader& r, const std::vector<matrix_job>&
 // The calling thread reads matrix j into slot j % S and submits it; a writer thread waits for the
 // slots in order, writes them and frees them. Reading, the GPU's copies and kernels (on the slots'
 // streams) and writing overlap.
-void quantize_on_cuda(const safetensors_reader& r, const std::vector<matrix_job>& jobs, job_sink& sink) {
+void quantize_on_cuda(const safetensors_reader& r, const std::vector<matrix_job>& jobs, job_sink& sink, stage_profile& prof) {
   uint64_t largest = 0;
   int64_t most = 0;
   for (const auto& j : jobs) {
     largest = std::max(largest, j.m.bytes());
     most = std::max(most, j.elements());
   }
-  cuda::matrix_pipeline pipe(kPipelineSlots, static_cast<size_t>(largest), most);
+  std::optional<cuda::matrix_pipeline> made;
+  {
+    stage_profile::timer t(prof, stage_profile::setup);
+    made.emplace(kPipelineSlots, static_cast<size_t>(largest), most);
+  }
+  cuda::matrix_pipeline& pipe = *made;
+  chunk_pool readers(kReaders);
   std::mutex mutex;
   std::condition_variable changed;
   size_t submitted = 0, written = 0;
@@ -293,7 +434,12 @@ void quantize_on_cuda(const safetensors_reader& r, const std::vector<matrix_job>
       }
       const int slot = static_cast<int>(j % kPipelineSlots);
       try {
-        const quant_stats st = pipe.wait(slot);
+        quant_stats st;
+        {
+          stage_profile::timer t(prof, stage_profile::gpu_wait);
+          st = pipe.wait(slot);
+        }
+        stage_profile::timer t(prof, stage_profile::write);
         sink.finish(j, st, pipe.input(slot), pipe.packed(slot), pipe.scales(slot));
       } catch (...) {
         failure.record(j);
@@ -306,16 +452,20 @@ void quantize_on_cuda(const safetensors_reader& r, const std::vector<matrix_job>
       if (failure.failed()) return;
     }
   });
-  std::vector<const uint8_t*> pieces;
   for (size_t j = 0; j < jobs.size() && !failure.failed(); ++j) {
     {
+      stage_profile::timer t(prof, stage_profile::slot_wait);
       std::unique_lock<std::mutex> lock(mutex);
       changed.wait(lock, [&] { return j < written + kPipelineSlots || failure.failed(); });
       if (failure.failed()) break;
     }
     const int slot = static_cast<int>(j % kPipelineSlots);
     try {
-      read_matrix(r, jobs[j].m, pipe.input(slot), pieces);
+      {
+        stage_profile::timer t(prof, stage_profile::read);
+        read_matrix_parallel(r, jobs[j].m, pipe.input(slot), readers);
+      }
+      stage_profile::timer t(prof, stage_profile::submit);
       pipe.submit(slot, jobs[j].m.type, jobs[j].m.source, sink.options.rule);
     } catch (...) {
       failure.record(j);
@@ -345,11 +495,13 @@ uint64_t decl_bytes(const std::vector<tensor_decl>& decls) {
 
 quantize_report quantize_checkpoint(const std::string& in, const std::string& out, const quantize_options& options) {
   const auto start = std::chrono::steady_clock::now();
+  stage_profile prof;
   MXMOE_CHECK_ARG(options.device == device_kind::cpu || options.device == device_kind::cuda, "options.device",
                   "cpu | cuda", std::to_string(static_cast<int>(options.device)));
   MXMOE_CHECK_ARG(options.threads >= 0, "options.threads", "0 (one per core) or more", std::to_string(options.threads));
   if (options.device == device_kind::cuda) {
     std::string why;
+    stage_profile::timer t(prof, stage_profile::setup);
     if (!cuda::available(&why)) throw unsupported("quantize_checkpoint on cuda: no usable GPU: " + why);
   }
   const safetensors_reader r(in);
@@ -384,6 +536,7 @@ quantize_report quantize_checkpoint(const std::string& in, const std::string& ou
   for (const auto& e : r.entries()) {
     rep.input_bytes += e.nbytes();
     if (expert_tensors.count(e.name)) continue;
+    stage_profile::timer t(prof, stage_profile::copy);
     copy_tensor(r, e, w, buf);
     ++rep.copied_tensors;
     rep.copied_bytes += e.nbytes();
@@ -393,7 +546,7 @@ quantize_report quantize_checkpoint(const std::string& in, const std::string& ou
   std::vector<quant_stats> stats(jobs.size());
   job_sink sink{jobs, options, w, prog, stats};
   if (options.device == device_kind::cuda) {
-    quantize_on_cuda(r, jobs, sink);
+    quantize_on_cuda(r, jobs, sink, prof);
     rep.workers = kPipelineSlots;
   } else {
     rep.workers = cpu_workers(options, jobs);
@@ -409,9 +562,13 @@ quantize_report quantize_checkpoint(const std::string& in, const std::string& ou
   }
   for (size_t j = 0; j < jobs.size(); ++j) rep.tensors[jobs[j].tensor].stats.merge(stats[j]);
   for (const auto& t : rep.tensors) rep.total.merge(t.stats);
-  w.commit();
+  {
+    stage_profile::timer t(prof, stage_profile::commit);
+    w.commit();
+  }
   rep.output_bytes = decl_bytes(decls);
   rep.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  prof.print(rep.seconds);
   return rep;
 }
 

@@ -22,6 +22,7 @@ namespace {
 constexpr uint64_t kMaxHeaderBytes = 100ull << 20;  // the format's own limit
 constexpr int kMaxJsonDepth = 3;                    // {tensor: {"shape": [..]}}
 constexpr size_t kWriteBackBytes = 1u << 20;         // pieces from which write-back starts at once
+constexpr uint64_t kFlushBytes = 256ull << 20;        // written bytes between background syncs
 
 std::string describe(const std::string& file, const std::string& tensor, const std::string& what) {
   std::string s = file + ": ";
@@ -369,6 +370,7 @@ safetensors_writer::safetensors_writer(std::string path, std::vector<tensor_decl
 }
 
 safetensors_writer::~safetensors_writer() {
+  stop_flusher();
   if (fd_ >= 0) ::close(fd_);
   if (!committed_ && !temp_path_.empty()) ::unlink(temp_path_.c_str());
 }
@@ -413,6 +415,40 @@ void safetensors_writer::write(std::string_view name, const void* data, size_t b
   }
   // Start write-back now (without waiting for it): the fsync at commit() then finds little dirty.
   if (bytes >= kWriteBackBytes) ::sync_file_range(fd_, static_cast<off_t>(at), static_cast<off_t>(bytes), SYNC_FILE_RANGE_WRITE);
+  std::lock_guard<std::mutex> lock(flush_mutex_);
+  unflushed_ += bytes;
+  if (unflushed_ >= kFlushBytes) {
+    unflushed_ = 0;
+    flush_requested_ = true;
+    if (!flusher_.joinable()) flusher_ = std::thread([this] { flush_in_background(); });
+    flush_wake_.notify_one();
+  }
+}
+
+// sync_file_range only starts write-back (and is a no-op on some file systems and sandboxes): a
+// real sync as the data arrives keeps the dirty bytes bounded and the commit short.
+void safetensors_writer::flush_in_background() {
+  std::unique_lock<std::mutex> lock(flush_mutex_);
+  for (;;) {
+    flush_wake_.wait(lock, [&] { return flush_requested_ || flusher_stop_; });
+    if (!flush_requested_) return;
+    flush_requested_ = false;
+    lock.unlock();
+    const int rc = ::fdatasync(fd_);
+    const int err = errno;
+    lock.lock();
+    if (rc != 0 && flush_errno_ == 0) flush_errno_ = err;
+  }
+}
+
+void safetensors_writer::stop_flusher() {
+  {
+    std::lock_guard<std::mutex> lock(flush_mutex_);
+    flusher_stop_ = true;
+    flush_requested_ = false;
+  }
+  flush_wake_.notify_one();
+  if (flusher_.joinable()) flusher_.join();
 }
 
 // The synced temporary becomes `path_`: an unnamed one is linked (under its final name, or, to
@@ -454,6 +490,12 @@ void safetensors_writer::commit() {
                     "all " + std::to_string(s.size) + " bytes written", "an incomplete tensor");
   }
   const std::string& temp = temp_path_.empty() ? path_ : temp_path_;
+  stop_flusher();
+  // A failed background sync may have consumed the error the fsync below would report.
+  if (flush_errno_ != 0) {
+    errno = flush_errno_;
+    throw_errno("cannot sync", temp);
+  }
   if (::fsync(fd_) != 0) throw_errno("cannot sync", temp);
   MXMOE_CHECK_ARG(overwrite_ || !std::filesystem::exists(path_), "output",
                   "a path that does not exist (or overwrite, --force)", "existing file '" + path_ + "'");
