@@ -210,7 +210,11 @@ uint8_t fast_mse_scale(const float* x, int base) {
 
 int64_t quantize_chunk_rows(int64_t k) { return std::max<int64_t>(1, kChunkElements / std::max<int64_t>(k, 1)); }
 
-bool quantize_block_fast(const float* x, mx::scale_rule rule, uint8_t* scale_out, uint8_t* packed_out, quant_stats& st) {
+namespace {
+
+// quantize_block_fast's body, inlined into every caller (the chunk loop's clones among them).
+inline __attribute__((always_inline)) bool fast_block(const float* x, mx::scale_rule rule, uint8_t* scale_out,
+                                                     uint8_t* packed_out, quant_stats& st) {
   uint32_t amax_bits = 0;
   for (int i = 0; i < mx::kBlockSize; ++i) amax_bits = std::max(amax_bits, mx::float_bits(x[i]) & 0x7FFFFFFFu);
   if (amax_bits >= 0x7F800000u) return false;  // NaN / Inf
@@ -259,13 +263,19 @@ bool quantize_block_fast(const float* x, mx::scale_rule rule, uint8_t* scale_out
   return true;
 }
 
+}  // namespace
+
+bool quantize_block_fast(const float* x, mx::scale_rule rule, uint8_t* scale_out, uint8_t* packed_out, quant_stats& st) {
+  return fast_block(x, rule, scale_out, packed_out, st);
+}
+
 void quantize_block_general(const float* x, mx::scale_rule rule, uint8_t* scale, uint8_t* packed, quant_stats& st) {
   const mx::block_stats bs = mx::quantize_block(x, rule, scale, packed);
   add_block_stats(x, packed, *scale, bs, st);
 }
 
 void quantize_block_with_stats(const float* x, mx::scale_rule rule, uint8_t* scale, uint8_t* packed, quant_stats& st) {
-  if (!quantize_block_fast(x, rule, scale, packed, st)) quantize_block_general(x, rule, scale, packed, st);
+  if (!fast_block(x, rule, scale, packed, st)) quantize_block_general(x, rule, scale, packed, st);
 }
 
 namespace {
@@ -278,6 +288,23 @@ void zero_tiled_padding(const block_map& map, uint8_t* scales) {
     for (int64_t m = 0; m < t.padded_rows(); ++m)
       for (int64_t k = m < t.rows ? t.cols : 0; k < t.padded_cols(); ++k) base[t.offset(m, k)] = 0;
   }
+}
+
+// The blocks of chunk c, everything inlined into one function that is compiled twice, for AVX2
+// and for the baseline, and picked when the program loads by the CPU's features: the fast path's
+// loops then run at the machine's vector width. Both are the same IEEE operations in the same
+// order (no contraction), so the bytes and statistics are the same bits on every machine; a test
+// compares cpu::quantize with the general path block by block.
+__attribute__((target_clones("avx2", "default"), flatten)) quant_stats quantize_chunk(
+    const block_map& map, const tensor_view& x, mx::scale_rule rule, uint8_t* packed_base, uint8_t* scale_base, int64_t c) {
+  quant_stats st;
+  float block[mx::kBlockSize];
+  map.for_each_block(c, [&](int64_t value, int64_t packed_at, int64_t scale_at) {
+    load_block(x, value, block);
+    if (!fast_block(block, rule, scale_base + scale_at, packed_base + packed_at, st))
+      quantize_block_general(block, rule, scale_base + scale_at, packed_base + packed_at, st);
+  });
+  return st;
 }
 
 }  // namespace
@@ -295,13 +322,7 @@ quant_stats quantize(const tensor_view& x, mx::scale_rule rule, scale_layout lay
   std::vector<quant_stats> chunk_stats(static_cast<size_t>(map.chunks()));
 
   for_each_chunk(map.chunks(), threads, [&](int64_t c) {
-    quant_stats st;
-    float block[mx::kBlockSize];
-    map.for_each_block(c, [&](int64_t value, int64_t packed_at, int64_t scale_at) {
-      load_block(x, value, block);
-      quantize_block_with_stats(block, rule, scale_base + scale_at, packed_base + packed_at, st);
-    });
-    chunk_stats[static_cast<size_t>(c)] = st;
+    chunk_stats[static_cast<size_t>(c)] = quantize_chunk(map, x, rule, packed_base, scale_base, c);
   });
 
   if (layout == scale_layout::tiled_128x4) zero_tiled_padding(map, scale_base);

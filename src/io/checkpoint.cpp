@@ -335,19 +335,26 @@ moe_weights mxfp4_weights(const safetensors_reader& file, const moe_layer_info& 
 }
 
 namespace {
-// Rows [n0, n1) of row-major [rows, K] from the x·W form [K, rows], in square tiles so that both
-// sides are read and written a cache line at a time (an element-wise walk down the columns misses
-// on every one).
-template <size_t Bytes>
-void transpose_tiles(const uint8_t* src, const layout::matrix_source& s, int64_t n0, int64_t n1, uint8_t* dst) {
+// Rows [n0, n1) of row-major [rows, K] from the x·W form [K, rows], in tiles of 32 k by the band's
+// rows, so that both sides are read and written a cache line at a time (an element-wise walk down
+// the columns misses on every one). The x·W form is affine in (n, k): its two strides are read off
+// layout::matrix_source once, and the inner loop is a strided copy.
+template <class T>
+void transpose_tiles(const uint8_t* src_bytes, const layout::matrix_source& s, int64_t n0, int64_t n1, uint8_t* dst_bytes) {
   constexpr int64_t kTile = 32;
-  for (int64_t k0 = 0; k0 < s.cols; k0 += kTile)
-    for (int64_t t0 = n0; t0 < n1; t0 += kTile) {
-      const int64_t k1 = std::min(s.cols, k0 + kTile), t1 = std::min(n1, t0 + kTile);
-      for (int64_t n = t0; n < t1; ++n)
-        for (int64_t k = k0; k < k1; ++k)
-          std::memcpy(dst + ((n - n0) * s.cols + k) * Bytes, src + s.offset(n, k) * Bytes, Bytes);
+  const T* src = reinterpret_cast<const T*>(src_bytes);
+  T* dst = reinterpret_cast<T*>(dst_bytes);
+  const int64_t origin = s.offset(0, 0);
+  const int64_t n_stride = s.rows > 1 ? s.offset(1, 0) - origin : 0;
+  const int64_t k_stride = s.cols > 1 ? s.offset(0, 1) - origin : 0;
+  for (int64_t k0 = 0; k0 < s.cols; k0 += kTile) {
+    const int64_t kn = std::min(kTile, s.cols - k0);
+    for (int64_t n = n0; n < n1; ++n) {
+      const T* from = src + origin + n * n_stride + k0 * k_stride;
+      T* to = dst + (n - n0) * s.cols + k0;
+      for (int64_t k = 0; k < kn; ++k) to[k] = from[k * k_stride];
     }
+  }
 }
 }  // namespace
 
@@ -398,8 +405,8 @@ void reorder_rows(const expert_matrix& m, const uint8_t* const* pieces, int64_t 
                   "[" + std::to_string(n0) + ", " + std::to_string(n1) + ")");
   const size_t es = static_cast<size_t>(dtype_size(m.type));
   if (s.order == layout::source_order::xw) {
-    if (es == 2) transpose_tiles<2>(pieces[0], s, n0, n1, dst);
-    else transpose_tiles<4>(pieces[0], s, n0, n1, dst);
+    if (es == 2) transpose_tiles<uint16_t>(pieces[0], s, n0, n1, dst);
+    else transpose_tiles<uint32_t>(pieces[0], s, n0, n1, dst);
     return;
   }
   // Every row is contiguous in one piece (the pieces split the source at whole rows).

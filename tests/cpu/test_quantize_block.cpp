@@ -269,6 +269,61 @@ TEST(QuantizeBlock, RandomBlocksOverTheWholeExponentRange) {
   }
 }
 
+TEST(QuantizeBlock, CpuQuantizeEqualsTheGeneralPathBlockByBlock) {
+  // cpu::quantize runs its own compilation of the chunk loop (for AVX2 where the CPU has it):
+  // its bytes and statistics must be those of the general path applied block by block, summed per
+  // chunk of quantize_chunk_rows rows and merged in order. Blocks over the whole exponent range,
+  // with zeros, subnormals, NaN and Inf among them.
+  std::mt19937 rng(5);
+  std::uniform_int_distribution<uint32_t> exponent(0, 254), spread(0, 30), mantissa(0, 0x7FFFFF), coin(0, 1), special(0, 99);
+  const int64_t rows = 61, k = 2048 + 64;  // 31 rows a chunk: two full chunks and a short one
+  std::vector<float> x(static_cast<size_t>(rows * k));
+  for (int64_t b = 0; b < rows * k / 32; ++b) {
+    const uint32_t top = exponent(rng);
+    for (int i = 0; i < 32; ++i) {
+      const uint32_t sp = spread(rng), e = sp > top ? 0 : top - sp;
+      float v = from_bits((coin(rng) << 31) | (e << 23) | mantissa(rng));
+      const uint32_t r = special(rng);
+      if (r == 0) v = from_bits(kNanBits);
+      else if (r == 1) v = from_bits(kSignBit | kInfBits);
+      else if (r < 5) v = 0.0f;
+      x[static_cast<size_t>(b * 32 + i)] = v;
+    }
+  }
+  // The same values in bf16 (the converter's input), and as the floats those hold.
+  std::vector<uint16_t> xb(x.size());
+  std::vector<float> xr(x.size());
+  for (size_t i = 0; i < x.size(); ++i) {
+    xb[i] = mxmoe::float_to_bf16(x[i]);
+    xr[i] = mxmoe::bf16_to_float(xb[i]);
+  }
+  for (const bool bf16 : {false, true})
+  for (mx::scale_rule rule : mx::kAllScaleRules) {
+    SCOPED_TRACE(testing::Message() << mx::to_string(rule) << (bf16 ? " bf16" : " f32"));
+    std::vector<uint8_t> codes(x.size() / 2), scales(x.size() / 32);
+    const quant_stats got = cpu::quantize(bf16 ? tensor_view(xb.data(), mxmoe::dtype::bf16, {rows, k})
+                                               : tensor_view(x.data(), mxmoe::dtype::f32, {rows, k}), rule,
+                                          mxmoe::scale_layout::linear,
+                                          tensor_view(codes.data(), mxmoe::dtype::u8, {rows, k / 2}),
+                                          tensor_view(scales.data(), mxmoe::dtype::u8, {rows, k / 32}), 2);
+    std::vector<uint8_t> want_codes(codes.size()), want_scales(scales.size());
+    quant_stats want;
+    const int64_t chunk = cpu::quantize_chunk_rows(k);
+    ASSERT_EQ(chunk, 31);
+    for (int64_t n0 = 0; n0 < rows; n0 += chunk) {
+      quant_stats st;
+      for (int64_t b = n0 * k / 32; b < std::min(rows, n0 + chunk) * k / 32; ++b)
+        cpu::quantize_block_general(&(bf16 ? xr : x)[static_cast<size_t>(b * 32)], rule, &want_scales[static_cast<size_t>(b)],
+                                    &want_codes[static_cast<size_t>(b * 16)], st);
+      want.merge(st);
+    }
+    EXPECT_EQ(codes, want_codes);
+    EXPECT_EQ(scales, want_scales);
+    EXPECT_TRUE(same_stats(got, want));
+    EXPECT_GT(want.nonfinite_blocks, 0);
+  }
+}
+
 TEST(QuantizeBlock, BandsOfChunkRowsGiveTheWholeMatrixResult) {
   // Odd shapes, K from one block to beyond a chunk of 65536 elements.
   const std::vector<std::pair<int64_t, int64_t>> shapes = {{7, 32}, {45, 2880}, {300, 288}, {3, 65536 + 32}};
