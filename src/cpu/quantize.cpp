@@ -159,7 +159,10 @@ constexpr int kFastMaxScale = 253;
 
 float pow2_float(int k) { return mx::bits_float(static_cast<uint32_t>(k + 127) << 23); }  // k in [-126, 127]
 
-// mx::float_to_e2m1's magnitude code (the number of tie points below |v|) for a finite |v|.
+// mx::float_to_e2m1's magnitude code (the number of tie points below |v|) for a finite |v|, and
+// below the magnitude of a code without mx::e2m1_to_float's select: calling mx:: here keeps the
+// loops scalar (its NaN test): 5x slower, measured. The tests hold both equal to mx:: at every tie point,
+// every bf16 value and every scale byte.
 inline uint32_t e2m1_magnitude(float a) {
   return static_cast<uint32_t>(a > 0.25f) + static_cast<uint32_t>(a >= 0.75f) + static_cast<uint32_t>(a > 1.25f) +
          static_cast<uint32_t>(a >= 1.75f) + static_cast<uint32_t>(a > 2.5f) + static_cast<uint32_t>(a >= 3.5f) +
@@ -238,7 +241,7 @@ inline __attribute__((always_inline)) bool fast_block(const float* x, mx::scale_
   }
   // The dequantized value of a code as the general path's table holds it: the float
   // mx::dequantize_value computes, e2m1 * 2^(scale - 127) rounded once to float (exact, also when
-  // subnormal, except that it overflows to Inf for codes 4 and 6 at byte 253), then widened.
+  // subnormal, except that the values 4 and 6 overflow to Inf at byte 253), then widened.
   const float unit = mx::e8m0_to_float(static_cast<uint8_t>(scale));
   double signal[mx::kBlockSize], error[mx::kBlockSize];
   for (int i = 0; i < mx::kBlockSize; ++i) {
