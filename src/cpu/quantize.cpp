@@ -161,8 +161,8 @@ float pow2_float(int k) { return mx::bits_float(static_cast<uint32_t>(k + 127) <
 
 // mx::float_to_e2m1's magnitude code (the number of tie points below |v|) for a finite |v|, and
 // below the magnitude of a code without mx::e2m1_to_float's select: calling mx:: here keeps the
-// loops scalar (its NaN test): 5x slower, measured. The tests hold both equal to mx:: at every tie point,
-// every bf16 value and every scale byte.
+// loops scalar (its NaN test): 5x slower, measured. The tests hold both equal to mx:: at every
+// tie point, every bf16 value and every scale byte.
 inline uint32_t e2m1_magnitude(float a) {
   return static_cast<uint32_t>(a > 0.25f) + static_cast<uint32_t>(a >= 0.75f) + static_cast<uint32_t>(a > 1.25f) +
          static_cast<uint32_t>(a >= 1.75f) + static_cast<uint32_t>(a > 2.5f) + static_cast<uint32_t>(a >= 3.5f) +
