@@ -133,6 +133,10 @@ struct expert_matrix {
 expert_matrix expert_matrix_of(const safetensors_reader& file, const moe_layer_info& info, int64_t expert, bool gate_up);
 // The pieces' bytes (piece i at pieces[i]) -> row-major [rows, K] at `dst`, same element type.
 void reorder_matrix(const expert_matrix& m, const uint8_t* const* pieces, uint8_t* dst);
+// Rows [n0, n1) of that matrix only, at `dst` ((n1 - n0) * K elements): the CPU converter reorders
+// a band of rows and quantizes it while it is in cache. Throws mxmoe::invalid_argument unless
+// 0 <= n0 <= n1 <= rows.
+void reorder_rows(const expert_matrix& m, const uint8_t* const* pieces, int64_t n0, int64_t n1, uint8_t* dst);
 expert_weights read_expert(const safetensors_reader& file, const moe_layer_info& info, int64_t expert,
                            std::vector<uint8_t>& gate_up_buf, std::vector<uint8_t>& down_buf);
 

@@ -6,8 +6,10 @@
 // with pread into reusable buffers (so the input's pages never pile up in the process's memory,
 // whatever the file size), reordered into the quantizer's row-major [N, K] and quantized:
 //   cpu:  a pool of worker threads, each taking the next matrix, reordering and quantizing it
-//         single-threaded and writing it; as many workers as cores, fewer when their buffers
-//         (about 2.3x the largest matrix each) would pass 1 GiB;
+//         single-threaded in bands of rows that stay in cache, and writing it; as many workers
+//         as cores, fewer when their buffers (about 1.3x the largest matrix each: the bytes read,
+//         one band, the codes and scales) would pass 1.5 GiB (16 workers on gpt-oss shapes take
+//         0.7 GB);
 //   cuda: a pipeline of 3 slots: the calling thread reads a matrix into pinned memory and
 //         submits it (upload, transposition / gate-up interleave and quantization on the GPU,
 //         download: cuda::matrix_pipeline) while a second thread writes finished slots.

@@ -60,6 +60,26 @@ quant_stats quantize(const tensor_view& x, mx::scale_rule rule, scale_layout lay
                      const tensor_view& packed, const tensor_view& scales, int threads = 0);
 void dequantize(const tensor_view& packed, const tensor_view& scales, scale_layout layout,
                 const tensor_view& out, int threads = 0);
+
+// Rows of a [rows, K] matrix whose statistics cpu::quantize sums before merging them, in order,
+// into the result: quantizing a matrix in bands of exactly this many rows (the last may be
+// shorter), merging the bands' statistics in order, gives the bytes and the statistics of one
+// call on the whole matrix. Depends on K only.
+int64_t quantize_chunk_rows(int64_t k);
+
+// One block as cpu::quantize does it: mx::quantize_block's scale byte and 16 packed codes, and
+// the block's statistics added to `st` (the sums in element order, as quant_stats documents).
+void quantize_block_with_stats(const float* x, mx::scale_rule rule, uint8_t* scale, uint8_t* packed,
+                               quant_stats& st);
+// The two paths it picks between (exposed for the tests that hold them equal bit for bit).
+// fast: a finite block whose scale byte is at most 253 (for mse: whose floor byte is at most 252,
+// so that every candidate is), where 2^(127 - scale) is one normal float and every element takes
+// the same operations, written so that the compiler vectorizes them; returns false, having
+// written nothing, for any other block. general: mx::quantize_block, then the statistics element
+// by element.
+bool quantize_block_fast(const float* x, mx::scale_rule rule, uint8_t* scale, uint8_t* packed, quant_stats& st);
+void quantize_block_general(const float* x, mx::scale_rule rule, uint8_t* scale, uint8_t* packed,
+                            quant_stats& st);
 }  // namespace cpu
 
 }  // namespace mxmoe

@@ -335,18 +335,26 @@ moe_weights mxfp4_weights(const safetensors_reader& file, const moe_layer_info& 
 }
 
 namespace {
-// Row-major [rows, K] from the x·W form [K, rows], in square tiles so that both sides are read
-// and written a cache line at a time (an element-wise walk down the columns misses on every one).
-template <size_t Bytes>
-void transpose_tiles(const uint8_t* src, const layout::matrix_source& s, uint8_t* dst) {
+// Rows [n0, n1) of row-major [rows, K] from the x·W form [K, rows], in tiles of 32 k by the band's
+// rows, so that both sides are read and written a cache line at a time (an element-wise walk down
+// the columns misses on every one). The x·W form is affine in (n, k): its two strides are read off
+// layout::matrix_source once, and the inner loop is a strided copy.
+template <class T>
+void transpose_tiles(const uint8_t* src_bytes, const layout::matrix_source& s, int64_t n0, int64_t n1, uint8_t* dst_bytes) {
   constexpr int64_t kTile = 32;
-  for (int64_t k0 = 0; k0 < s.cols; k0 += kTile)
-    for (int64_t n0 = 0; n0 < s.rows; n0 += kTile) {
-      const int64_t k1 = std::min(s.cols, k0 + kTile), n1 = std::min(s.rows, n0 + kTile);
-      for (int64_t n = n0; n < n1; ++n)
-        for (int64_t k = k0; k < k1; ++k)
-          std::memcpy(dst + (n * s.cols + k) * Bytes, src + s.offset(n, k) * Bytes, Bytes);
+  const T* src = reinterpret_cast<const T*>(src_bytes);
+  T* dst = reinterpret_cast<T*>(dst_bytes);
+  const int64_t origin = s.offset(0, 0);
+  const int64_t n_stride = s.rows > 1 ? s.offset(1, 0) - origin : 0;
+  const int64_t k_stride = s.cols > 1 ? s.offset(0, 1) - origin : 0;
+  for (int64_t k0 = 0; k0 < s.cols; k0 += kTile) {
+    const int64_t kn = std::min(kTile, s.cols - k0);
+    for (int64_t n = n0; n < n1; ++n) {
+      const T* from = src + origin + n * n_stride + k0 * k_stride;
+      T* to = dst + (n - n0) * s.cols + k0;
+      for (int64_t k = 0; k < kn; ++k) to[k] = from[k * k_stride];
     }
+  }
 }
 }  // namespace
 
@@ -391,22 +399,28 @@ expert_matrix expert_matrix_of(const safetensors_reader& file, const moe_layer_i
   return m;
 }
 
-void reorder_matrix(const expert_matrix& m, const uint8_t* const* pieces, uint8_t* dst) {
+void reorder_rows(const expert_matrix& m, const uint8_t* const* pieces, int64_t n0, int64_t n1, uint8_t* dst) {
   const layout::matrix_source& s = m.source;
+  MXMOE_CHECK_ARG(0 <= n0 && n0 <= n1 && n1 <= s.rows, "rows", "0 <= n0 <= n1 <= " + std::to_string(s.rows),
+                  "[" + std::to_string(n0) + ", " + std::to_string(n1) + ")");
   const size_t es = static_cast<size_t>(dtype_size(m.type));
   if (s.order == layout::source_order::xw) {
-    if (es == 2) transpose_tiles<2>(pieces[0], s, dst);
-    else transpose_tiles<4>(pieces[0], s, dst);
+    if (es == 2) transpose_tiles<uint16_t>(pieces[0], s, n0, n1, dst);
+    else transpose_tiles<uint32_t>(pieces[0], s, n0, n1, dst);
     return;
   }
   // Every row is contiguous in one piece (the pieces split the source at whole rows).
   const int64_t piece_elements = s.size() / static_cast<int64_t>(m.pieces.size());
   const size_t row_bytes = static_cast<size_t>(s.cols) * es;
-  for (int64_t n = 0; n < s.rows; ++n) {
+  for (int64_t n = n0; n < n1; ++n) {
     const int64_t at = s.offset(n, 0);
-    std::memcpy(dst + static_cast<size_t>(n) * row_bytes,
+    std::memcpy(dst + static_cast<size_t>(n - n0) * row_bytes,
                 pieces[at / piece_elements] + static_cast<size_t>(at % piece_elements) * es, row_bytes);
   }
+}
+
+void reorder_matrix(const expert_matrix& m, const uint8_t* const* pieces, uint8_t* dst) {
+  reorder_rows(m, pieces, 0, m.source.rows, dst);
 }
 
 expert_weights read_expert(const safetensors_reader& file, const moe_layer_info& info, int64_t expert,

@@ -29,7 +29,7 @@ namespace mxmoe {
 namespace {
 
 constexpr size_t kCopyChunk = 64u << 20;           // bytes per read and write when copying a tensor
-constexpr uint64_t kWorkerMemory = 1ull << 30;     // buffers of all cpu workers together
+constexpr uint64_t kWorkerMemory = 3ull << 29;     // buffers of all cpu workers together (1.5 GiB)
 constexpr int kPipelineSlots = 3;                  // matrices in flight on the GPU
 constexpr int kReaders = 4;                        // threads reading each matrix on the cuda path
 
@@ -356,41 +356,64 @@ struct job_sink {
   }
 };
 
+// What one CPU worker holds for a matrix: the bytes read, one band of reordered rows, and the
+// codes and scales of the whole matrix (0.53 bytes per element) until they are written.
+uint64_t cpu_worker_bytes(const matrix_job& j) {
+  const uint64_t band = static_cast<uint64_t>(cpu::quantize_chunk_rows(j.m.source.cols) * j.m.source.cols) *
+                        static_cast<uint64_t>(dtype_size(j.m.type));
+  const uint64_t elements = static_cast<uint64_t>(j.elements());
+  return j.m.bytes() + band + elements / 2 + elements / mx::kBlockSize;
+}
+
 int cpu_workers(const quantize_options& o, const std::vector<matrix_job>& jobs) {
-  uint64_t largest = 0;
-  for (const auto& j : jobs) largest = std::max(largest, j.m.bytes());
-  // raw + reordered + codes and scales (at most 0.56 bytes per element)
-  const uint64_t per_worker = std::max<uint64_t>(1, 2 * largest + largest * 9 / 16);
+  uint64_t per_worker = 1;
+  for (const auto& j : jobs) per_worker = std::max(per_worker, cpu_worker_bytes(j));
   const int cores = o.threads > 0 ? o.threads : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   const int by_memory = static_cast<int>(std::max<uint64_t>(1, kWorkerMemory / per_worker));
   return std::clamp(std::min(cores, by_memory), 1, static_cast<int>(std::max<size_t>(1, jobs.size())));
+}
+
+// One matrix on the calling thread, in bands of the quantizer's chunk rows: each band is reordered
+// (unless the file already stores rows) and quantized while it is in cache, and the bands'
+// statistics merged in order are those of one quantize call on the whole matrix (the converter's
+// output and report do not depend on the banding).
+quant_stats quantize_matrix(const matrix_job& job, mx::scale_rule rule, const std::vector<const uint8_t*>& pieces,
+                            std::vector<uint8_t>& band_buf, uint8_t* packed, uint8_t* scales) {
+  const layout::matrix_source& s = job.m.source;
+  const int64_t band = cpu::quantize_chunk_rows(s.cols);
+  const size_t row_bytes = static_cast<size_t>(s.cols * dtype_size(job.m.type));
+  const bool reorder = s.order != layout::source_order::row_major;
+  if (reorder) band_buf.resize(std::max(band_buf.size(), static_cast<size_t>(band) * row_bytes));
+  quant_stats st;
+  for (int64_t n0 = 0; n0 < s.rows; n0 += band) {
+    const int64_t n = std::min(band, s.rows - n0);
+    const uint8_t* x = pieces.front() + static_cast<size_t>(n0) * row_bytes;
+    if (reorder) {
+      checkpoint::reorder_rows(job.m, pieces.data(), n0, n0 + n, band_buf.data());
+      x = band_buf.data();
+    }
+    // One thread per matrix: the workers are the parallelism.
+    st.merge(cpu::quantize(tensor_view(x, job.m.type, {n, s.cols}), rule, scale_layout::linear,
+                           tensor_view(packed + n0 * s.cols / 2, dtype::u8, {n, s.cols / 2}),
+                           tensor_view(scales + n0 * s.cols / mx::kBlockSize, dtype::u8, {n, s.cols / mx::kBlockSize}), 1));
+  }
+  return st;
 }
 
 void quantize_on_cpu(const safetensors_reader& r, const std::vector<matrix_job>& jobs, job_sink& sink, int workers) {
   std::atomic<size_t> next{0};
   first_failure failure;
   const auto worker = [&] {
-    std::vector<uint8_t> raw, ordered, packed, scales;
+    std::vector<uint8_t> raw, band, packed, scales;
     std::vector<const uint8_t*> pieces;
     for (size_t j = next++; j < jobs.size() && !failure.failed(); j = next++) {
       try {
         const matrix_job& job = jobs[j];
-        const layout::matrix_source& s = job.m.source;
         raw.resize(std::max(raw.size(), static_cast<size_t>(job.m.bytes())));
         read_matrix(r, job.m, raw.data(), pieces);
-        const uint8_t* x = raw.data();
-        if (s.order != layout::source_order::row_major) {
-          ordered.resize(std::max(ordered.size(), static_cast<size_t>(job.m.bytes())));
-          checkpoint::reorder_matrix(job.m, pieces.data(), ordered.data());
-          x = ordered.data();
-        }
         packed.resize(static_cast<size_t>(job.elements() / 2));
         scales.resize(static_cast<size_t>(job.elements() / mx::kBlockSize));
-        // One thread per matrix: the workers are the parallelism, and the statistics are summed in
-        // the quantizer's own chunk order, as a single call on the whole matrix sums them.
-        const quant_stats st = cpu::quantize(tensor_view(x, job.m.type, {s.rows, s.cols}), sink.options.rule,
-                                             scale_layout::linear, tensor_view(packed.data(), dtype::u8, {s.rows, s.cols / 2}),
-                                             tensor_view(scales.data(), dtype::u8, {s.rows, s.cols / mx::kBlockSize}), 1);
+        const quant_stats st = quantize_matrix(job, sink.options.rule, pieces, band, packed.data(), scales.data());
         sink.finish(j, st, raw.data(), packed.data(), scales.data());
       } catch (...) {
         failure.record(j);

@@ -147,6 +147,42 @@ TEST(Checkpoint, BothBf16LayoutsReadToTheSameInterleavedExpert) {
   fs::remove_all(d);
 }
 
+TEST(Checkpoint, ReorderedBandsAreBandsOfTheReorderedMatrix) {
+  // Every source order (x·W bf16, gate/up pair and row-major f32), odd sizes, bands that do not
+  // divide the rows, cross the transposition's 32-row tiles or hold one row.
+  const fs::path d = fresh_dir("bands");
+  const logical_layer l = random_layer(2, 96, 160, 11);
+  const safetensors_reader a(write_gpt_oss_bf16(d, l, 0));
+  const safetensors_reader b(write_per_expert(d, l, 0, false));
+  for (const safetensors_reader* file : {&a, &b}) {
+    const auto layers = checkpoint::find_moe_layers(*file);
+    ASSERT_EQ(layers.size(), 1u);
+    for (int64_t e = 0; e < l.E; ++e)
+      for (const bool gate_up : {true, false}) {
+        const checkpoint::expert_matrix m = checkpoint::expert_matrix_of(*file, layers[0], e, gate_up);
+        SCOPED_TRACE(testing::Message() << "order " << static_cast<int>(m.source.order) << " expert " << e);
+        std::vector<const uint8_t*> pieces;
+        for (const auto& p : m.pieces) pieces.push_back(file->bytes(*p.entry).data() + p.offset);
+        std::vector<uint8_t> whole(m.bytes());
+        checkpoint::reorder_matrix(m, pieces.data(), whole.data());
+        const size_t row_bytes = whole.size() / static_cast<size_t>(m.source.rows);
+        for (const int64_t band : {int64_t{1}, int64_t{5}, int64_t{22}, int64_t{33}, m.source.rows}) {
+          std::vector<uint8_t> banded(whole.size(), 0xEE);
+          for (int64_t n0 = 0; n0 < m.source.rows; n0 += band) {
+            const int64_t n1 = std::min(m.source.rows, n0 + band);
+            checkpoint::reorder_rows(m, pieces.data(), n0, n1, banded.data() + static_cast<size_t>(n0) * row_bytes);
+          }
+          EXPECT_EQ(banded, whole) << "band " << band;
+        }
+        std::vector<uint8_t> one(row_bytes);
+        EXPECT_THROW(checkpoint::reorder_rows(m, pieces.data(), 3, 2, one.data()), invalid_argument);
+        EXPECT_THROW(checkpoint::reorder_rows(m, pieces.data(), m.source.rows, m.source.rows + 1, one.data()),
+                     invalid_argument);
+      }
+  }
+  fs::remove_all(d);
+}
+
 TEST(Checkpoint, DefaultConfigFollowsTheModelFamily) {
   const fs::path d = fresh_dir("config");
   const logical_layer l = random_layer(8, 32, 32, 3);
