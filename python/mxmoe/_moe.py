@@ -134,11 +134,12 @@ _layer_ids = itertools.count(1)
 
 CACHED_WORKSPACE_BYTES = 1 << 20
 """The workspace a CUDA layer keeps per stream for the forwards that need at most this much (1
-MiB: gpt-oss's layers up to T = 22, DeepSeek-V3's up to T = 6). Small forwards are the ones whose
-host time matters (a decode step's kernels take microseconds), and allocating their workspace per
-call from torch cost ~4 us on the H200 host; a larger forward gets its workspace from torch's
-caching allocator for the call, so that no layer holds a prefill's (hundreds of MB at T = 8192).
-The kept one is allocated at this size on a stream's first forward, so it never grows."""
+MiB: about T = 22 for gpt-oss's layers, about T = 6 for DeepSeek-V3's). Small forwards are the
+ones whose host time matters (a decode step's kernels take microseconds), and allocating their
+workspace per call from torch cost ~4 us on the H200 host; a larger forward gets its workspace
+from torch's caching allocator for the call, so that no layer holds a prefill's (hundreds of MB
+at T = 8192). The kept one is allocated at this size on a stream's first forward, so it never
+grows."""
 
 
 class _DeviceMemory:
