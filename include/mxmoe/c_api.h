@@ -35,7 +35,8 @@ extern "C" {
 
 #define MXMOE_C_ABI_VERSION 5 /* 3: prepare options (expert maps, tensor-parallel shards);
                                  4: mxmoe_quantize_options.allow_nonfinite;
-                                 5: mxmoe_stream_capturing, mxmoe_device_alloc / free */
+                                 5: mxmoe_stream_capturing, mxmoe_device_alloc / free,
+                                    mxmoe_checkpoint_prepare_layer_with_options */
 #define MXMOE_MAX_RANK 8
 
 typedef int32_t mxmoe_status;
@@ -318,6 +319,15 @@ MXMOE_C_EXPORT mxmoe_status mxmoe_checkpoint_read_layer(const mxmoe_checkpoint* 
 MXMOE_C_EXPORT mxmoe_status mxmoe_checkpoint_prepare_layer(const mxmoe_checkpoint* file, int64_t layer,
                                                            const mxmoe_moe_config* cfg, int32_t device_type,
                                                            int32_t device_id, mxmoe_moe** out);
+/* The same with prepare options (NULL: as mxmoe_checkpoint_prepare_layer): the file holds all E
+ * experts, so an expert map takes the experts it holds out of the file (select_experts: only
+ * theirs are copied, in local order) and a tensor-parallel shard is cut out of the mapped MXFP4
+ * weights; errors name "expert_map", "tp.rank", "tp.ranks" as mxmoe_moe_prepare_with_options'. */
+MXMOE_C_EXPORT mxmoe_status mxmoe_checkpoint_prepare_layer_with_options(const mxmoe_checkpoint* file, int64_t layer,
+                                                                        const mxmoe_moe_config* cfg,
+                                                                        const mxmoe_prepare_options* options,
+                                                                        int32_t device_type, int32_t device_id,
+                                                                        mxmoe_moe** out);
 
 /* Conversion progress: `done` of `total` steps (one per copied tensor, one per converted expert),
  * `note` the tensor just copied or "layer L expert E" (valid during the call). Return 0 to go on,

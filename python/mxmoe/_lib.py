@@ -265,6 +265,9 @@ _PROTOTYPES = {
     "mxmoe_checkpoint_read_layer": (c_int32, [c_void_p, c_int64, POINTER(MoeWeightsC)]),
     "mxmoe_checkpoint_prepare_layer": (
         c_int32, [c_void_p, c_int64, POINTER(MoeConfigC), c_int32, c_int32, POINTER(c_void_p)]),
+    "mxmoe_checkpoint_prepare_layer_with_options": (
+        c_int32, [c_void_p, c_int64, POINTER(MoeConfigC), POINTER(PrepareOptionsC), c_int32, c_int32,
+                  POINTER(c_void_p)]),
     "mxmoe_quantize_checkpoint": (c_int32, [c_char_p, c_char_p, POINTER(QuantizeOptionsC), POINTER(c_void_p)]),
     "mxmoe_quantize_report_summary": (c_int32, [c_void_p, POINTER(QuantizeSummaryC)]),
     "mxmoe_quantize_report_tensor": (c_int32, [c_void_p, c_int64, POINTER(TensorReportC)]),

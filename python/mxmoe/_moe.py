@@ -282,14 +282,26 @@ def prepare(config: MoEConfig, *, device: Any = None, expert_map: Sequence[int] 
     first = weights.get("gate_up_blocks" if _is_mxfp4(weights) else "gate_up")
     target = parse_device(device) if device is not None else _tensor.device_of(first)
     cw = weights_c(weights, host_only_to_cpu=target[0] == _lib.DEVICE_CUDA)
-    held = (ctypes.c_int32 * len(expert_map))(*expert_map) if expert_map is not None else None
-    options = _lib.PrepareOptionsC(held, len(held) if held is not None else 0, tp_rank, tp_ranks)
+    options = prepare_options_c(expert_map, tp_rank, tp_ranks)
     handle = ctypes.c_void_p()
     _lib.check(_lib.lib.mxmoe_moe_prepare_with_options(ctypes.byref(config._to_c()), ctypes.byref(cw),
                                                        ctypes.byref(options), target[0], target[1],
                                                        ctypes.byref(handle)))
-    sharded = tp_ranks > 1 or tp_rank != 0
-    return PreparedMoE(handle.value, None if sharded else config, target)
+    return PreparedMoE(handle.value, None if _sharded(tp_rank, tp_ranks) else config, target)
+
+
+def prepare_options_c(expert_map: Sequence[int] | None, tp_rank: int, tp_ranks: int) -> _lib.PrepareOptionsC:
+    """The mxmoe_prepare_options of :func:`prepare`'s arguments (the struct keeps the map alive)."""
+    held = (ctypes.c_int32 * len(expert_map))(*expert_map) if expert_map is not None else None
+    options = _lib.PrepareOptionsC(held, len(held) if held is not None else 0, tp_rank, tp_ranks)
+    options._held = held
+    return options
+
+
+def _sharded(tp_rank: int, tp_ranks: int) -> bool:
+    """Whether the prepared layer is a tensor-parallel shard (its config then comes from the
+    library: I = I_r)."""
+    return tp_ranks > 1 or tp_rank != 0
 
 
 def shard_intermediate(intermediate: int, tp_rank: int, tp_ranks: int) -> tuple[int, int]:

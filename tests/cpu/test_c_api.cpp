@@ -539,6 +539,22 @@ TEST_F(CApiRoad, CheckpointListReadPrepareConvert) {
   expect_invalid(mxmoe_checkpoint_prepare_layer(file, 2, &bad, MXMOE_DEVICE_CPU, 0, &layer), "cfg.routing.top_k");
   EXPECT_EQ(layer, nullptr);
   expect_invalid(mxmoe_checkpoint_prepare_layer(file, 2, nullptr, 5, 0, &layer), "device_type");
+  // With options: the held experts are taken out of the file (weights of those only); a map of the
+  // wrong size is named as mxmoe_moe_prepare_with_options names it.
+  std::vector<int32_t> held(static_cast<size_t>(kE), -1);
+  held[1] = 0;
+  mxmoe_prepare_options options{held.data(), kE, 0, 1};
+  ASSERT_EQ(mxmoe_checkpoint_prepare_layer_with_options(file, 2, nullptr, &options, MXMOE_DEVICE_CPU, 0, &layer),
+            MXMOE_OK)
+      << mxmoe_last_error();
+  ASSERT_EQ(mxmoe_moe_weight_bytes(layer, &bytes), MXMOE_OK);
+  EXPECT_EQ(bytes * kE, static_cast<int64_t>(b.gub.size() + b.gus.size() + b.dnb.size() + b.dns.size() +
+                                             2 * (b.gu_bias.size() + b.dn_bias.size())));
+  mxmoe_moe_free(layer);
+  options.expert_map_size = kE - 1;
+  expect_invalid(
+      mxmoe_checkpoint_prepare_layer_with_options(file, 2, nullptr, &options, MXMOE_DEVICE_CPU, 0, &layer),
+      "expert_map");
   mxmoe_checkpoint_close(file);
   mxmoe_checkpoint_close(nullptr);
 
