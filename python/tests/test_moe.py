@@ -331,9 +331,10 @@ def test_cuda_forwards_on_two_streams_at_once():
 
 
 @requires_cuda
-def test_cuda_forward_on_a_given_stream():
+def test_cuda_forward_on_a_given_stream(monkeypatch):
     """stream= (a cudaStream_t that is not torch's current one): the forward and its default
-    workspace are on that stream."""
+    workspace are on that stream, the kept one and (past the bound) torch memory for the call
+    allocated for that stream."""
     layer, x, logits = cuda_problem("qwen3", 4)
     want = mxmoe.moe_forward(layer, x, logits=logits)
     other = torch.cuda.Stream()
@@ -341,6 +342,13 @@ def test_cuda_forward_on_a_given_stream():
     got = mxmoe.moe_forward(layer, x, logits=logits, stream=other.cuda_stream)
     other.synchronize()
     assert torch.equal(got, want) and other.cuda_stream in layer._workspaces
+    monkeypatch.setattr(mxmoe._moe, "CACHED_WORKSPACE_BYTES", 0)
+    third = torch.cuda.Stream()
+    outs = []
+    for _ in range(4):  # each call's workspace goes back to torch for `third` only, in its order
+        outs.append(mxmoe.moe_forward(layer, x, logits=logits, stream=third.cuda_stream))
+    third.synchronize()
+    assert all(torch.equal(o, want) for o in outs) and third.cuda_stream not in layer._workspaces
 
 
 @requires_cuda
