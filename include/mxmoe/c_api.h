@@ -33,8 +33,10 @@ extern "C" {
 #define MXMOE_C_EXPORT __attribute__((visibility("default")))
 #endif
 
-#define MXMOE_C_ABI_VERSION 4 /* 3: prepare options (expert maps, tensor-parallel shards);
-                                 4: mxmoe_quantize_options.allow_nonfinite */
+#define MXMOE_C_ABI_VERSION 5 /* 3: prepare options (expert maps, tensor-parallel shards);
+                                 4: mxmoe_quantize_options.allow_nonfinite;
+                                 5: mxmoe_stream_capturing, mxmoe_device_alloc / free,
+                                    mxmoe_checkpoint_prepare_layer_with_options */
 #define MXMOE_MAX_RANK 8
 
 typedef int32_t mxmoe_status;
@@ -95,6 +97,21 @@ MXMOE_C_EXPORT int32_t mxmoe_last_error_code(void);
  * terminated, truncated to why_size) says why. */
 MXMOE_C_EXPORT mxmoe_status mxmoe_cuda_available(int32_t device, int32_t* available, char* why, size_t why_size);
 MXMOE_C_EXPORT mxmoe_status mxmoe_cuda_device_name(int32_t device, char* name, size_t name_size);
+/* *capturing = 1 while `stream` (a cudaStream_t; NULL = the legacy default stream) is capturing a
+ * CUDA graph (cudaStreamIsCapturing: work enqueued there now is recorded, not run), else 0. For a
+ * caller that keeps scratch memory between calls: memory a captured graph uses must live as long
+ * as the graph (the Python package allocates a forward's workspace per call under capture and
+ * reuses one per stream otherwise). No synchronization. MXMOE_ERR_UNSUPPORTED in a build
+ * without CUDA; MXMOE_ERR_RUNTIME when CUDA cannot answer (no device; the legacy stream queried
+ * while another stream captures in global mode). */
+MXMOE_C_EXPORT mxmoe_status mxmoe_stream_capturing(void* stream, int32_t* capturing);
+/* Device memory for a caller's scratch that outlives one call (the Python package keeps a small
+ * forward workspace per layer and stream in it: memory of its own, outside any allocator's pool
+ * that a CUDA-graph tool may manage): cudaMalloc of `bytes` (> 0) on `device`, and cudaFree,
+ * which waits for the device's work, so memory still used by enqueued work is never freed
+ * under it. Not while any stream captures in global mode (CUDA refuses). NULL is a no-op. */
+MXMOE_C_EXPORT mxmoe_status mxmoe_device_alloc(int32_t device, int64_t bytes, void** ptr);
+MXMOE_C_EXPORT void mxmoe_device_free(int32_t device, void* ptr);
 
 /* ---- quantize / dequantize (mxmoe/quantize.h) ------------------------------------------ */
 
@@ -302,6 +319,15 @@ MXMOE_C_EXPORT mxmoe_status mxmoe_checkpoint_read_layer(const mxmoe_checkpoint* 
 MXMOE_C_EXPORT mxmoe_status mxmoe_checkpoint_prepare_layer(const mxmoe_checkpoint* file, int64_t layer,
                                                            const mxmoe_moe_config* cfg, int32_t device_type,
                                                            int32_t device_id, mxmoe_moe** out);
+/* The same with prepare options (NULL: as mxmoe_checkpoint_prepare_layer): the file holds all E
+ * experts, so an expert map takes the experts it holds out of the file (select_experts: only
+ * theirs are copied, in local order) and a tensor-parallel shard is cut out of the mapped MXFP4
+ * weights; errors name "expert_map", "tp.rank", "tp.ranks" as mxmoe_moe_prepare_with_options'. */
+MXMOE_C_EXPORT mxmoe_status mxmoe_checkpoint_prepare_layer_with_options(const mxmoe_checkpoint* file, int64_t layer,
+                                                                        const mxmoe_moe_config* cfg,
+                                                                        const mxmoe_prepare_options* options,
+                                                                        int32_t device_type, int32_t device_id,
+                                                                        mxmoe_moe** out);
 
 /* Conversion progress: `done` of `total` steps (one per copied tensor, one per converted expert),
  * `note` the tensor just copied or "layer L expert E" (valid during the call). Return 0 to go on,

@@ -13,7 +13,8 @@ host back (--iters * kernels per forward is far below the launch queue's depth).
   hotpath     the extension's forward (mxmoe._hotpath.moe_forward) called directly, out and
               workspace given: the tensors read, the stream queried, the GIL released
   direct      mxmoe.moe_forward(layer, x, logits=..., out=..., workspace=...): plus its Python frame
-  alloc       mxmoe.moe_forward(layer, x, logits=...): plus allocating out (and the workspace)
+  alloc       mxmoe.moe_forward(layer, x, logits=...): plus allocating out (CUDA: and the
+              workspace the layer keeps for the stream, looked up)
   torch_noop  an empty operator of moe_forward's schema, defined and called the same way (its
               kernel returns a preallocated tensor): what torch.library dispatch itself costs
   torch_op    mxmoe.torch.moe_forward: torch.ops.mxmoe.moe_forward, dispatch plus the alloc path
@@ -23,7 +24,8 @@ and torch_op on the GPU machine at T = 1; "ours" is torch_op minus torch_noop mi
 adds inside the operator). The pieces (one call each, same timing): reading one tensor by the
 extension (hotpath.torch_view: one to_dlpack capsule, packed), the same fields read from Python
 attributes (the route the ctypes path took), torch.empty_like(x), torch's current-stream query
-(CUDA). On CUDA it also prints the GPU time of one forward (CUDA events around graph replays). The
+and torch.empty of the forward's workspace (CUDA: what a forward paid before the layer kept one
+per stream). On CUDA it also prints the GPU time of one forward (CUDA events around graph replays). The
 layer is synthetic (mxmoe.synthetic_layer) of the --preset shape with --experts experts. Without a
 usable GPU, --device cuda prints SKIPPED with the reason (and writes it to --json) and exits 0.
 """
@@ -154,6 +156,7 @@ def main() -> int:
     }
     if cuda:
         pieces["current_stream"] = lambda: _tensor.current_stream(x, None)
+        pieces["empty_workspace"] = lambda: torch.empty(nbytes, dtype=torch.uint8, device=dev)
     graph = None
     if cuda:
         for _ in range(3):

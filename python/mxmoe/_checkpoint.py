@@ -6,11 +6,11 @@ from __future__ import annotations
 import ctypes
 import os
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 from . import _lib
 from ._errors import Cancelled, invalid
-from ._moe import MoEConfig, MoEWeights, PreparedMoE, parse_device, weights_c
+from ._moe import MoEConfig, MoEWeights, PreparedMoE, _sharded, parse_device, prepare_options_c, weights_c
 from ._quant import QuantStats
 
 
@@ -102,17 +102,25 @@ class Checkpoint(_lib.Owned):
         _lib.check(_lib.lib.mxmoe_checkpoint_read_layer(self._live(), info.layer, ctypes.byref(cw)))
         return weights
 
-    def prepare_layer(self, layer: int | None = None, device: Any = "cpu", config: MoEConfig | None = None) -> PreparedMoE:
+    def prepare_layer(self, layer: int | None = None, device: Any = "cpu", config: MoEConfig | None = None, *,
+                      expert_map: Sequence[int] | None = None, tp_rank: int = 0, tp_ranks: int = 1) -> PreparedMoE:
         """Prepare decoder layer ``layer`` (default: the first MoE layer) for ``device`` straight
         from the file (the MXFP4 bytes go from the mapping into the prepared layer), with
-        ``config`` (default: the layer's own, :attr:`LayerInfo.config`). BF16 layers: CPU only."""
+        ``config`` (default: the layer's own, :attr:`LayerInfo.config`). BF16 layers: CPU only.
+
+        ``expert_map``, ``tp_rank``, ``tp_ranks``: what :func:`mxmoe.prepare` takes
+        (docs/parallel.md), on the file's whole layer: the map's held experts are taken out of the
+        file (only theirs copied, in local order), and a tensor-parallel shard is cut out of the
+        mapped MXFP4 weights (``config.intermediate`` of the result is then I_r)."""
         info = self.layer_info(layer)
         cfg = config if config is not None else info.config
         target = parse_device(device)
+        options = prepare_options_c(expert_map, tp_rank, tp_ranks)
         handle = ctypes.c_void_p()
-        _lib.check(_lib.lib.mxmoe_checkpoint_prepare_layer(self._live(), info.layer, ctypes.byref(cfg._to_c()),
-                                                           target[0], target[1], ctypes.byref(handle)))
-        return PreparedMoE(handle.value, cfg, target)
+        _lib.check(_lib.lib.mxmoe_checkpoint_prepare_layer_with_options(
+            self._live(), info.layer, ctypes.byref(cfg._to_c()), ctypes.byref(options), target[0], target[1],
+            ctypes.byref(handle)))
+        return PreparedMoE(handle.value, None if _sharded(tp_rank, tp_ranks) else cfg, target)
 
     def __repr__(self) -> str:
         state = "" if self._handle else ", closed"
@@ -120,12 +128,12 @@ class Checkpoint(_lib.Owned):
 
 
 def load_layer(path: str | os.PathLike, layer: int | None = None, device: Any = "cpu",
-               config: MoEConfig | None = None) -> PreparedMoE:
+               config: MoEConfig | None = None, **options: Any) -> PreparedMoE:
     """Open ``path``, prepare decoder layer ``layer`` (default: the first MoE layer) for
     ``device`` (``"cpu"``, ``"cuda"``, ``"cuda:N"``) and close the file:
-    :meth:`Checkpoint.prepare_layer`."""
+    :meth:`Checkpoint.prepare_layer` (``options``: ``expert_map``, ``tp_rank``, ``tp_ranks``)."""
     with Checkpoint(path) as file:
-        return file.prepare_layer(layer, device, config)
+        return file.prepare_layer(layer, device, config, **options)
 
 
 @dataclass(frozen=True)

@@ -23,7 +23,7 @@ from pathlib import Path
 from ._errors import (Cancelled, Error, FormatError, InvalidArgument, IOFailure, OutOfMemory, RuntimeFailure,
                       Unsupported, invalid)
 
-ABI_VERSION = 4  # MXMOE_C_ABI_VERSION of the header these declarations mirror
+ABI_VERSION = 5  # MXMOE_C_ABI_VERSION of the header these declarations mirror
 MAX_RANK = 8
 
 # Status codes
@@ -216,6 +216,9 @@ _PROTOTYPES = {
     "mxmoe_last_error_argument": (c_char_p, []),
     "mxmoe_cuda_available": (c_int32, [c_int32, POINTER(c_int32), c_char_p, c_size_t]),
     "mxmoe_cuda_device_name": (c_int32, [c_int32, c_char_p, c_size_t]),
+    "mxmoe_stream_capturing": (c_int32, [c_void_p, POINTER(c_int32)]),
+    "mxmoe_device_alloc": (c_int32, [c_int32, c_int64, POINTER(c_void_p)]),
+    "mxmoe_device_free": (None, [c_int32, c_void_p]),
     "mxmoe_scale_bytes": (c_int32, [c_int64, c_int64, c_int32, POINTER(c_int64)]),
     "mxmoe_quantize": (c_int32, [TensorP, c_int32, c_int32, TensorP, TensorP, POINTER(QuantStatsC), c_void_p, c_void_p]),
     "mxmoe_dequantize": (c_int32, [TensorP, TensorP, c_int32, TensorP, c_void_p]),
@@ -262,6 +265,9 @@ _PROTOTYPES = {
     "mxmoe_checkpoint_read_layer": (c_int32, [c_void_p, c_int64, POINTER(MoeWeightsC)]),
     "mxmoe_checkpoint_prepare_layer": (
         c_int32, [c_void_p, c_int64, POINTER(MoeConfigC), c_int32, c_int32, POINTER(c_void_p)]),
+    "mxmoe_checkpoint_prepare_layer_with_options": (
+        c_int32, [c_void_p, c_int64, POINTER(MoeConfigC), POINTER(PrepareOptionsC), c_int32, c_int32,
+                  POINTER(c_void_p)]),
     "mxmoe_quantize_checkpoint": (c_int32, [c_char_p, c_char_p, POINTER(QuantizeOptionsC), POINTER(c_void_p)]),
     "mxmoe_quantize_report_summary": (c_int32, [c_void_p, POINTER(QuantizeSummaryC)]),
     "mxmoe_quantize_report_tensor": (c_int32, [c_void_p, c_int64, POINTER(TensorReportC)]),
@@ -344,7 +350,8 @@ def _address(fn) -> int:
 
 
 hotpath.bind(forward=_address(lib.mxmoe_moe_forward), workspace_bytes=_address(lib.mxmoe_moe_workspace_bytes),
-             device=_address(lib.mxmoe_moe_device), raise_last_error=raise_last_error, invalid=invalid)
+             device=_address(lib.mxmoe_moe_device), stream_capturing=_address(lib.mxmoe_stream_capturing),
+             raise_last_error=raise_last_error, invalid=invalid)
 
 
 def check(status: int) -> None:

@@ -11,6 +11,7 @@ import ctypes
 import dataclasses
 import itertools
 import struct
+import sys
 import weakref
 from dataclasses import dataclass
 from typing import Any, Sequence
@@ -131,6 +132,34 @@ _HOST_ONLY = ("gate_up_bias", "down_bias", "router_weight", "router_bias", "corr
 _live_layers: "dict[int, weakref.ref[PreparedMoE]]" = {}
 _layer_ids = itertools.count(1)
 
+CACHED_WORKSPACE_BYTES = 1 << 20
+"""The workspace a CUDA layer keeps per stream for the forwards that need at most this much (1
+MiB: about T = 22 for gpt-oss's layers, about T = 6 for DeepSeek-V3's). Small forwards are the
+ones whose host time matters (a decode step's kernels take microseconds), and allocating their
+workspace per call from torch cost ~4 us on the H200 host; a larger forward gets its workspace
+from torch's caching allocator for the call, so that no layer holds a prefill's (hundreds of MB
+at T = 8192). The kept one is allocated at this size on a stream's first forward, so it never
+grows."""
+
+
+class _DeviceMemory:
+    """Device memory the library allocated (mxmoe_device_alloc), freed with its owner: a layer's
+    kept workspace. Not torch's: memory a torch caching-allocator pool held would belong to
+    whichever pool was active when it was allocated, and torch.compile's CUDA-graph trees count
+    every live block of their pool as theirs (their warm-up runs in it, not capturing)."""
+
+    ptr = 0  # until allocated
+
+    def __init__(self, device: int, nbytes: int):
+        ptr = ctypes.c_void_p()
+        _lib.check(_lib.lib.mxmoe_device_alloc(device, nbytes, ctypes.byref(ptr)))
+        self.device, self.ptr = device, ptr.value
+
+    def __del__(self) -> None:
+        if _lib.lib is not None and self.ptr:  # None while the interpreter shuts down
+            _lib.lib.mxmoe_device_free(self.device, self.ptr)
+        self.ptr = 0
+
 
 class PreparedMoE(_lib.Owned):
     """MoE weights prepared for one backend; owns their memory (host for the CPU backend, device
@@ -151,7 +180,15 @@ class PreparedMoE(_lib.Owned):
         self._device = device
         self.id = next(_layer_ids)  # how torch ops (mxmoe.torch) name this layer
         self._workspace_bytes: dict[int, int] = {}
+        # cudaStream_t (int) -> (_DeviceMemory, its pointer, bytes): the default workspace of small
+        # forwards on that stream outside graph capture (hotpath.c, workspace_of; new_workspace).
+        self._workspaces: dict[int, tuple[Any, int, int]] = {}
         _live_layers[self.id] = weakref.ref(self, lambda _, layer_id=self.id: _live_layers.pop(layer_id, None))
+
+    def close(self) -> None:
+        """Frees the prepared weights and the workspaces kept for forwards (idempotent)."""
+        self._workspaces = {}
+        super().close()
 
     @property
     def device(self) -> str:
@@ -245,14 +282,26 @@ def prepare(config: MoEConfig, *, device: Any = None, expert_map: Sequence[int] 
     first = weights.get("gate_up_blocks" if _is_mxfp4(weights) else "gate_up")
     target = parse_device(device) if device is not None else _tensor.device_of(first)
     cw = weights_c(weights, host_only_to_cpu=target[0] == _lib.DEVICE_CUDA)
-    held = (ctypes.c_int32 * len(expert_map))(*expert_map) if expert_map is not None else None
-    options = _lib.PrepareOptionsC(held, len(held) if held is not None else 0, tp_rank, tp_ranks)
+    options = prepare_options_c(expert_map, tp_rank, tp_ranks)
     handle = ctypes.c_void_p()
     _lib.check(_lib.lib.mxmoe_moe_prepare_with_options(ctypes.byref(config._to_c()), ctypes.byref(cw),
                                                        ctypes.byref(options), target[0], target[1],
                                                        ctypes.byref(handle)))
-    sharded = tp_ranks > 1 or tp_rank != 0
-    return PreparedMoE(handle.value, None if sharded else config, target)
+    return PreparedMoE(handle.value, None if _sharded(tp_rank, tp_ranks) else config, target)
+
+
+def prepare_options_c(expert_map: Sequence[int] | None, tp_rank: int, tp_ranks: int) -> _lib.PrepareOptionsC:
+    """The mxmoe_prepare_options of :func:`prepare`'s arguments (the struct keeps the map alive)."""
+    held = (ctypes.c_int32 * len(expert_map))(*expert_map) if expert_map is not None else None
+    options = _lib.PrepareOptionsC(held, len(held) if held is not None else 0, tp_rank, tp_ranks)
+    options._held = held
+    return options
+
+
+def _sharded(tp_rank: int, tp_ranks: int) -> bool:
+    """Whether the prepared layer is a tensor-parallel shard (its config then comes from the
+    library: I = I_r)."""
+    return tp_ranks > 1 or tp_rank != 0
 
 
 def shard_intermediate(intermediate: int, tp_rank: int, tp_ranks: int) -> tuple[int, int]:
@@ -390,6 +439,32 @@ def moe_forward(
     return _lib.hotpath.moe_forward(layer, x, logits, topk_ids, topk_weights, out, workspace, stream)
 
 
+def new_workspace(layer: PreparedMoE, stream: int, nbytes: int, capturing: bool) -> tuple[Any, int, int]:
+    """A workspace of at least ``nbytes`` on the layer's device for a forward on ``stream``, as
+    (owner, pointer, bytes); called by the extension (hotpath.c, workspace_of) when the layer
+    keeps none for the stream, the forward needs more than it keeps, or the stream captures.
+
+    Outside capture, up to CACHED_WORKSPACE_BYTES: the layer's own for the stream, made here once
+    (CACHED_WORKSPACE_BYTES of library memory, kept in ``layer._workspaces``). Otherwise torch
+    memory for this call, from its caching allocator for ``stream`` (torch.cuda.ExternalStream
+    when it is not torch's current stream there): reused only in that stream's order after the
+    call, and, while the stream captures, taken from the capture's own pool, which torch keeps
+    for as long as the graph lives."""
+    device = layer._device[1]
+    if not capturing and nbytes <= CACHED_WORKSPACE_BYTES:
+        memory = _DeviceMemory(device, CACHED_WORKSPACE_BYTES)
+        entry = (memory, memory.ptr, CACHED_WORKSPACE_BYTES)
+        layer._workspaces[stream] = entry
+        return entry
+    torch = sys.modules["torch"]
+    if stream == _tensor.current_raw_stream(device):
+        ws = torch.empty(nbytes, dtype=torch.uint8, device=f"cuda:{device}")
+    else:
+        with torch.cuda.stream(torch.cuda.ExternalStream(stream, device=f"cuda:{device}")):
+            ws = torch.empty(nbytes, dtype=torch.uint8, device=f"cuda:{device}")
+    return ws, ws.data_ptr(), nbytes
+
+
 def live_layer(layer_id: int) -> PreparedMoE:
     """The prepared layer a torch op names by id; InvalidArgument when it was freed."""
     ref = _live_layers.get(layer_id)
@@ -399,4 +474,4 @@ def live_layer(layer_id: int) -> PreparedMoE:
     return layer
 
 
-_lib.hotpath.bind(live_layers=_live_layers, live_layer=live_layer)
+_lib.hotpath.bind(live_layers=_live_layers, live_layer=live_layer, new_workspace=new_workspace)

@@ -54,8 +54,8 @@ def bind_torch() -> None:
         lambda device: torch.cuda.current_stream(device).cuda_stream)
     import torch.utils.dlpack
 
-    _lib.hotpath.bind_torch(torch.Tensor, torch.utils.dlpack.to_dlpack, torch.empty_like, torch.empty, torch.uint8,
-                            torch.device, _raw_stream, torch.contiguous_format)
+    _lib.hotpath.bind_torch(torch.Tensor, torch.utils.dlpack.to_dlpack, torch.empty_like, _raw_stream,
+                            torch.contiguous_format)
     _torch_tensor_type = torch.Tensor
 
 
@@ -201,6 +201,13 @@ def device_of(obj: Any) -> tuple[int, int]:
         return (_lib.DEVICE_CPU, 0)
     device_type, device_id = obj.__dlpack_device__()
     return (_lib.DEVICE_CUDA, device_id) if device_type == _DL_CUDA else (_lib.DEVICE_CPU, 0)
+
+
+def current_raw_stream(device: int) -> int:
+    """torch's current cudaStream_t on cuda:``device``, as an int."""
+    if _raw_stream is None:
+        bind_torch()
+    return _raw_stream(device)
 
 
 def current_stream(obj: Any, stream: int | None) -> int | None:

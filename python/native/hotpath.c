@@ -5,8 +5,10 @@
  * call), against a target of <= 5 us added per forward (docs/performance.md). This module reads
  * torch tensors in one call each (torch.utils.dlpack.to_dlpack: one capsule with every field,
  * about half the cost of reading the attributes one by one, measured in docs/performance.md),
- * fills the C ABI's mxmoe_tensor structs, queries torch's current stream and allocates the
- * output and workspace through torch, and calls mxmoe_moe_forward with the GIL released.
+ * fills the C ABI's mxmoe_tensor structs, queries torch's current stream, allocates the output
+ * through torch and takes the workspace the prepared layer keeps for that stream (allocating
+ * one only on the first call, a larger forward or under CUDA-graph capture), and calls
+ * mxmoe_moe_forward with the GIL released.
  *
  * It calls the C ABI (include/mxmoe/c_api.h) through the function pointers of the library the
  * package already loaded with ctypes (bind()): one copy of the library in the process, whatever
@@ -58,6 +60,7 @@ static struct {
   __typeof__(mxmoe_moe_forward)* forward;
   __typeof__(mxmoe_moe_workspace_bytes)* workspace_bytes;
   __typeof__(mxmoe_moe_device)* device;
+  __typeof__(mxmoe_stream_capturing)* stream_capturing;
 } abi;
 
 /* Python callables (mxmoe._lib, _tensor, _moe), each documented where it is defined. */
@@ -68,20 +71,17 @@ static PyObject* other_empty_like; /* (like, name) -> a new array like `like` */
 static PyObject* torch_reject;     /* (tensor, name, error or None) -> raises why it cannot be read */
 static PyObject* live_layer;       /* (layer id) -> raises for a closed or collected layer */
 static PyObject* live_layers;      /* dict: layer id -> weakref to the PreparedMoE */
+static PyObject* new_workspace;    /* (layer, stream, bytes, capturing) -> (tensor, pointer, bytes) */
 
 static struct {
   PyObject* tensor_type; /* torch.Tensor */
   PyObject* to_dlpack;   /* torch.utils.dlpack.to_dlpack */
   PyObject* empty_like;  /* torch.empty_like */
-  PyObject* empty;       /* torch.empty */
-  PyObject* uint8;       /* torch.uint8 */
-  PyObject* device;      /* torch.device */
   PyObject* raw_stream;  /* device index -> the current cudaStream_t of that device, as an int */
-  PyObject* ws_kwargs;   /* dict: device key -> {"dtype": torch.uint8, "device": torch.device} */
   PyObject* contiguous;  /* {"memory_format": torch.contiguous_format} */
 } torch;
 
-static PyObject *s_handle, *s_live_handle, *s_data_ptr;
+static PyObject *s_handle, *s_live_handle, *s_data_ptr, *s_workspaces;
 
 static const int64_t kItemSize[] = {2, 2, 4, 1, 4, 8}; /* by MXMOE_BF16 ... MXMOE_I64 */
 
@@ -214,16 +214,24 @@ static PyObject* shape_text(const mxmoe_tensor* t) {
 }
 
 /* Raw memory (a workspace): a contiguous array's pointer and size in bytes. */
-static int contiguous_bytes(const mxmoe_tensor* t, const char* name, int64_t* nbytes) {
+/* Whether t's strides are the compact row-major ones of its shape (what torch calls
+ * contiguous: dimensions of size 1 may have any stride). */
+static int compact(const mxmoe_tensor* t) {
   int64_t expected = 1;
   for (int i = t->ndim - 1; i >= 0; --i) {
-    if (t->shape[i] != 1 && t->strides[i] != expected)
-      return raise_invalid(name, PyUnicode_FromString("a contiguous array"), shape_text(t));
+    if (t->shape[i] != 1 && t->strides[i] != expected) return 0;
     expected *= t->shape[i];
   }
+  return 1;
+}
+
+static int contiguous_bytes(const mxmoe_tensor* t, const char* name, int64_t* nbytes) {
+  if (!compact(t)) return raise_invalid(name, PyUnicode_FromString("a contiguous array"), shape_text(t));
   if (t->dtype < 0 || t->dtype > MXMOE_I64) return raise_invalid(name, PyUnicode_FromString("a known dtype"),
                                                                  PyUnicode_FromFormat("%d", (int)t->dtype));
-  *nbytes = expected * kItemSize[t->dtype];
+  int64_t elements = 1;
+  for (int i = 0; i < t->ndim; ++i) elements *= t->shape[i];
+  *nbytes = elements * kItemSize[t->dtype];
   return 0;
 }
 
@@ -259,29 +267,6 @@ static PyObject* py_torch_view(PyObject* self, PyObject* const* args, Py_ssize_t
   memset(&t, 0, sizeof t);
   if (!name || read_torch(args[0], name, &t) < 0) return NULL;
   return PyBytes_FromStringAndSize((const char*)&t, sizeof t);
-}
-
-/* torch.empty(nbytes, dtype=torch.uint8, device=<x's device>); the keyword dict is made once per
- * device. */
-static PyObject* torch_workspace(const mxmoe_tensor* like, int64_t nbytes) {
-  PyObject* key = PyLong_FromLong(like->device_type == MXMOE_DEVICE_CUDA ? like->device_id : -1);
-  if (!key) return NULL;
-  PyObject* kwargs = PyDict_GetItemWithError(torch.ws_kwargs, key); /* borrowed */
-  if (!kwargs && !PyErr_Occurred()) {
-    PyObject* dev = like->device_type == MXMOE_DEVICE_CUDA
-                        ? PyObject_CallFunction(torch.device, "si", "cuda", (int)like->device_id)
-                        : PyObject_CallFunction(torch.device, "s", "cpu");
-    PyObject* made = dev ? Py_BuildValue("{sOsO}", "dtype", torch.uint8, "device", dev) : NULL;
-    Py_XDECREF(dev);
-    if (made && PyDict_SetItem(torch.ws_kwargs, key, made) == 0) kwargs = made;
-    Py_XDECREF(made); /* the dict holds it */
-  }
-  Py_DECREF(key);
-  if (!kwargs) return NULL;
-  PyObject* shape = Py_BuildValue("(L)", (long long)nbytes);
-  PyObject* ws = shape ? PyObject_Call(torch.empty, shape, kwargs) : NULL;
-  Py_XDECREF(shape);
-  return ws;
 }
 
 /* The stream a call on x runs on: `stream` if given, else torch's current stream on a CUDA
@@ -323,8 +308,10 @@ static int read_allocated(PyObject* t, int32_t dtype, int32_t device_type, int32
   return PyErr_Occurred() ? -1 : 0;
 }
 
-/* out: the caller's, or (out None) a new contiguous one like x: torch.empty_like(x,
- * memory_format=torch.contiguous_format) for a torch x (what the torch op's fake returns), else
+/* out: the caller's, or (out None) a new contiguous one like x for a torch x (what the torch op's
+ * fake returns): torch.empty_like(x), whose preserved format is the contiguous one when x is
+ * compact (0.3 us cheaper than passing memory_format, measured in docs/performance.md), else
+ * torch.empty_like(x, memory_format=torch.contiguous_format); for other arrays
  * mxmoe._tensor.empty_like. Returns a new reference. */
 static PyObject* output_of(PyObject* x, const arg_view* vx, PyObject* out, PyObject* stream, arg_view* vout) {
   if (out != Py_None) {
@@ -337,41 +324,108 @@ static PyObject* output_of(PyObject* x, const arg_view* vx, PyObject* out, PyObj
     if (made && view_of(made, "out", 1, stream, vout) < 0) Py_CLEAR(made);
     return made;
   }
-  PyObject* args = PyTuple_Pack(1, x);
-  PyObject* made = args ? PyObject_Call(torch.empty_like, args, torch.contiguous) : NULL;
-  Py_XDECREF(args);
+  PyObject* made;
+  if (compact(&vx->t)) {
+    made = PyObject_CallFunctionObjArgs(torch.empty_like, x, NULL);
+  } else {
+    PyObject* args = PyTuple_Pack(1, x);
+    made = args ? PyObject_Call(torch.empty_like, args, torch.contiguous) : NULL;
+    Py_XDECREF(args);
+  }
   if (made && read_allocated(made, vx->t.dtype, vx->t.device_type, vx->t.device_id, vx->t.ndim, vx->t.shape, vout) < 0)
     Py_CLEAR(made);
   return made;
 }
 
-/* The workspace of a CUDA forward: the caller's (checked contiguous, on the layer's device), or
- * (workspace None, x a torch tensor) layer.workspace_bytes(T) bytes from torch's caching
- * allocator on x's device. Sets *owned to what it allocated (a new reference). */
-static int workspace_of(mxmoe_moe* handle, int32_t layer_type, int32_t layer_id, const arg_view* vx,
-                        PyObject* workspace, PyObject* stream, arg_view* vws, int64_t* ws_bytes, PyObject** owned) {
-  if (workspace == Py_None) {
-    const int64_t tokens = vx->given && vx->t.ndim ? vx->t.shape[0] : 0;
-    const mxmoe_status status = abi.workspace_bytes(handle, tokens < 0 ? 0 : tokens, ws_bytes);
-    if (status) {
-      Py_XDECREF(PyObject_CallFunction(raise_last_error, "i", (int)status));
+/* The workspace of a CUDA forward (docs/python.md, "The workspace"): the caller's (checked
+ * contiguous, on the layer's device), or (workspace None, x a torch tensor on the layer's device)
+ * one of at least layer.workspace_bytes(T) bytes:
+ *   - outside CUDA-graph capture, for a forward that needs at most _moe.CACHED_WORKSPACE_BYTES,
+ *     the one the layer keeps for this stream (PreparedMoE._workspaces[stream]: a dictionary
+ *     look-up per call; _moe.new_workspace makes it on the stream's first such forward);
+ *   - otherwise (a larger forward, or the stream capturing a graph) one from torch's caching
+ *     allocator for this call (_moe.new_workspace): a capture's comes from the graph's own pool,
+ *     which torch keeps for as long as the graph lives, so no graph shares memory with another
+ *     or with eager forwards.
+ * A stream runs its work in order, so the forwards sharing a stream's workspace never overlap,
+ * and forwards on two streams never share one. Sets *owned to a reference that keeps the
+ * workspace alive until the call is enqueued. */
+/* The bytes of a workspace entry (owner, pointer, bytes); -1 for anything else. */
+static int64_t workspace_entry_bytes(PyObject* entry) {
+  if (!PyTuple_Check(entry) || PyTuple_Size(entry) != 3 || !PyLong_Check(PyTuple_GetItem(entry, 1))) return -1;
+  const long long bytes = PyLong_AsLongLong(PyTuple_GetItem(entry, 2));
+  if (bytes == -1 && PyErr_Occurred()) PyErr_Clear();
+  return bytes;
+}
+
+static int workspace_of(PyObject* layer, mxmoe_moe* handle, int32_t layer_type, int32_t layer_id, const arg_view* vx,
+                        PyObject* workspace, PyObject* stream, void* cuda_stream, arg_view* vws, int64_t* ws_bytes,
+                        PyObject** owned) {
+  if (workspace != Py_None) {
+    if (view_of(workspace, "workspace", 1, stream, vws) < 0 || contiguous_bytes(&vws->t, "workspace", ws_bytes) < 0)
       return -1;
-    }
-    if (!vx->torch)
-      return raise_invalid("workspace", PyUnicode_FromFormat("device memory of %lld bytes", (long long)*ws_bytes),
-                           PyUnicode_FromString("none"));
-    *owned = torch_workspace(&vx->t, *ws_bytes);
-    if (!*owned || read_allocated(*owned, MXMOE_U8, vx->t.device_type, vx->t.device_id, 1, ws_bytes, vws) < 0)
-      return -1;
-  } else if (view_of(workspace, "workspace", 1, stream, vws) < 0 || contiguous_bytes(&vws->t, "workspace", ws_bytes) < 0) {
+    if (vws->t.device_type == layer_type && vws->t.device_id == layer_id) return 0;
+    return raise_invalid("workspace", memory_on(layer_type, layer_id, " (where the layer is)"),
+                         memory_on(vws->t.device_type, vws->t.device_id, ""));
+  }
+  int64_t need = 0;
+  const int64_t tokens = vx->given && vx->t.ndim ? vx->t.shape[0] : 0;
+  mxmoe_status status = abi.workspace_bytes(handle, tokens < 0 ? 0 : tokens, &need);
+  if (status) {
+    Py_XDECREF(PyObject_CallFunction(raise_last_error, "i", (int)status));
     return -1;
   }
-  if (vws->t.device_type == layer_type && vws->t.device_id == layer_id) return 0;
-  /* The default workspace follows x: name the cause. */
-  const int x_wrong = vx->t.device_type != layer_type || vx->t.device_id != layer_id;
-  const mxmoe_tensor* wrong = x_wrong ? &vx->t : &vws->t;
-  return raise_invalid(x_wrong ? "x" : "workspace", memory_on(layer_type, layer_id, " (where the layer is)"),
-                       memory_on(wrong->device_type, wrong->device_id, ""));
+  if (!vx->torch)
+    return raise_invalid("workspace", PyUnicode_FromFormat("device memory of %lld bytes", (long long)need),
+                         PyUnicode_FromString("none"));
+  if (vx->t.device_type != layer_type || vx->t.device_id != layer_id) /* the default workspace follows x */
+    return raise_invalid("x", memory_on(layer_type, layer_id, " (where the layer is)"),
+                         memory_on(vx->t.device_type, vx->t.device_id, ""));
+  int32_t capturing = 0;
+  status = abi.stream_capturing(cuda_stream, &capturing);
+  if (status) {
+    Py_XDECREF(PyObject_CallFunction(raise_last_error, "i", (int)status));
+    return -1;
+  }
+  PyObject* key = PyLong_FromVoidPtr(cuda_stream);
+  if (!key) return -1;
+  PyObject* entry = NULL; /* (owner, pointer, bytes), what new_workspace returns */
+  if (!capturing) {
+    PyObject* cache = PyObject_GetAttr(layer, s_workspaces);
+    if (!cache) {
+      Py_DECREF(key);
+      return -1;
+    }
+    entry = PyDict_GetItemWithError(cache, key); /* borrowed */
+    Py_XINCREF(entry);
+    Py_DECREF(cache);
+    if (!entry && PyErr_Occurred()) {
+      Py_DECREF(key);
+      return -1;
+    }
+    if (entry && workspace_entry_bytes(entry) < need) Py_CLEAR(entry);
+  }
+  if (!entry) entry = PyObject_CallFunction(new_workspace, "OOLO", layer, key, (long long)need, capturing ? Py_True : Py_False);
+  Py_DECREF(key);
+  if (!entry) return -1;
+  if (workspace_entry_bytes(entry) < need) {
+    Py_DECREF(entry);
+    PyErr_Format(PyExc_SystemError, "mxmoe._hotpath: new_workspace did not return (owner, pointer, bytes >= %lld)",
+                 (long long)need);
+    return -1;
+  }
+  *owned = entry;
+  memset(vws, 0, sizeof *vws);
+  vws->given = vws->torch = 1;
+  vws->t.data = PyLong_AsVoidPtr(PyTuple_GetItem(entry, 1));
+  *ws_bytes = PyLong_AsLongLong(PyTuple_GetItem(entry, 2));
+  vws->t.dtype = MXMOE_U8;
+  vws->t.device_type = layer_type;
+  vws->t.device_id = layer_id;
+  vws->t.ndim = 1;
+  vws->t.shape[0] = *ws_bytes;
+  vws->t.strides[0] = 1;
+  return PyErr_Occurred() ? -1 : 0;
 }
 
 /* The forward behind mxmoe.moe_forward and torch.ops.mxmoe.moe_forward (see _moe.moe_forward for
@@ -398,11 +452,12 @@ static PyObject* forward(PyObject* layer, PyObject* x, PyObject* logits, PyObjec
   int64_t ws_bytes = 0;
   void* cuda_stream = NULL;
   if (view_of(x, "x", 0, stream, &vx) < 0 || !(result = output_of(x, &vx, out, stream, &vout))) goto done;
-  if (layer_type == MXMOE_DEVICE_CUDA &&
-      workspace_of(handle, layer_type, layer_id, &vx, workspace, stream, &vws, &ws_bytes, &ws_owned) < 0)
+  if (stream_of(stream, &vx, &cuda_stream) < 0) goto fail;
+  if (layer_type == MXMOE_DEVICE_CUDA && workspace_of(layer, handle, layer_type, layer_id, &vx, workspace, stream,
+                                                      cuda_stream, &vws, &ws_bytes, &ws_owned) < 0)
     goto fail;
   if (view_of(logits, "routing.logits", 0, stream, &vlogits) < 0 || view_of(ids, "routing.ids", 0, stream, &vids) < 0 ||
-      view_of(weights, "routing.weights", 0, stream, &vweights) < 0 || stream_of(stream, &vx, &cuda_stream) < 0)
+      view_of(weights, "routing.weights", 0, stream, &vweights) < 0)
     goto fail;
   /* Every pointer stays valid without the GIL: the caller's objects (and `result`, ws_owned)
    * hold the memory, and vx..vws hold what a DLPack producer handed over. */
@@ -464,8 +519,8 @@ static int set_ref(PyObject** slot, PyObject* value) {
   return 0;
 }
 
-/* bind(**objects): the C ABI's function addresses (forward, workspace_bytes, device: ints from
- * ctypes) and the Python callables above, by name; each module binds what it defines. */
+/* bind(**objects): the C ABI's function addresses (forward, workspace_bytes, device,
+ * stream_capturing: ints from ctypes) and the Python callables above, by name; each module binds what it defines. */
 static PyObject* py_bind(PyObject* self, PyObject* args, PyObject* kwargs) {
   (void)self;
   if (PyTuple_Size(args) != 0 || !kwargs) {
@@ -478,13 +533,14 @@ static PyObject* py_bind(PyObject* self, PyObject* args, PyObject* kwargs) {
   } objects[] = {{"raise_last_error", &raise_last_error}, {"invalid", &invalid},
                  {"other_view", &other_view},             {"other_empty_like", &other_empty_like},
                  {"torch_reject", &torch_reject},         {"live_layer", &live_layer},
-                 {"live_layers", &live_layers}};
+                 {"live_layers", &live_layers},           {"new_workspace", &new_workspace}};
   static const struct {
     const char* name;
     void** slot;
   } functions[] = {{"forward", (void**)&abi.forward},
                    {"workspace_bytes", (void**)&abi.workspace_bytes},
-                   {"device", (void**)&abi.device}};
+                   {"device", (void**)&abi.device},
+                   {"stream_capturing", (void**)&abi.stream_capturing}};
   PyObject *key, *value;
   Py_ssize_t pos = 0;
   while (PyDict_Next(kwargs, &pos, &key, &value)) {
@@ -504,30 +560,20 @@ static PyObject* py_bind(PyObject* self, PyObject* args, PyObject* kwargs) {
   Py_RETURN_NONE;
 }
 
-/* bind_torch(tensor_type, to_dlpack, empty_like, empty, uint8, device, raw_stream,
- * contiguous_format): torch, once it is in use. */
+/* bind_torch(tensor_type, to_dlpack, empty_like, raw_stream, contiguous_format): torch, once it
+ * is in use. */
 static PyObject* py_bind_torch(PyObject* self, PyObject* args) {
   (void)self;
-  PyObject *tensor_type, *to_dlpack, *empty_like, *empty, *uint8, *device, *raw_stream, *contiguous_format;
-  if (!PyArg_ParseTuple(args, "O!OOOOOOO:bind_torch", &PyType_Type, &tensor_type, &to_dlpack, &empty_like, &empty,
-                        &uint8, &device, &raw_stream, &contiguous_format))
+  PyObject *tensor_type, *to_dlpack, *empty_like, *raw_stream, *contiguous_format;
+  if (!PyArg_ParseTuple(args, "O!OOOO:bind_torch", &PyType_Type, &tensor_type, &to_dlpack, &empty_like, &raw_stream,
+                        &contiguous_format))
     return NULL;
-  PyObject* ws_kwargs = PyDict_New();
   PyObject* contiguous = Py_BuildValue("{sO}", "memory_format", contiguous_format);
-  if (!ws_kwargs || !contiguous) {
-    Py_XDECREF(ws_kwargs);
-    Py_XDECREF(contiguous);
-    return NULL;
-  }
-  set_ref(&torch.ws_kwargs, ws_kwargs);
+  if (!contiguous) return NULL;
   set_ref(&torch.contiguous, contiguous);
-  Py_DECREF(ws_kwargs);
   Py_DECREF(contiguous);
   set_ref(&torch.to_dlpack, to_dlpack);
   set_ref(&torch.empty_like, empty_like);
-  set_ref(&torch.empty, empty);
-  set_ref(&torch.uint8, uint8);
-  set_ref(&torch.device, device);
   set_ref(&torch.raw_stream, raw_stream);
   set_ref(&torch.tensor_type, tensor_type); /* last: is_torch() is true from here on */
   Py_RETURN_NONE;
@@ -545,7 +591,7 @@ static PyMethodDef methods[] = {
     {"bind", (PyCFunction)(void (*)(void))py_bind, METH_VARARGS | METH_KEYWORDS,
      "bind(name=object, ...): the C ABI's function addresses and the package's Python helpers"},
     {"bind_torch", py_bind_torch, METH_VARARGS,
-     "bind_torch(tensor_type, to_dlpack, empty_like, empty, uint8, device, raw_stream, contiguous_format)"},
+     "bind_torch(tensor_type, to_dlpack, empty_like, raw_stream, contiguous_format)"},
     {NULL, NULL, 0, NULL}};
 
 static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_hotpath", "mxmoe's per-call path in C (hotpath.c)", -1,
@@ -555,7 +601,8 @@ PyMODINIT_FUNC PyInit__hotpath(void) {
   s_handle = PyUnicode_InternFromString("_handle");
   s_live_handle = PyUnicode_InternFromString("_live_handle");
   s_data_ptr = PyUnicode_InternFromString("data_ptr");
-  if (!s_handle || !s_live_handle || !s_data_ptr) return NULL;
+  s_workspaces = PyUnicode_InternFromString("_workspaces");
+  if (!s_handle || !s_live_handle || !s_data_ptr || !s_workspaces) return NULL;
   PyObject* m = PyModule_Create(&module);
   if (m && PyModule_AddIntConstant(m, "ABI_VERSION", MXMOE_C_ABI_VERSION) < 0) Py_CLEAR(m);
   return m;

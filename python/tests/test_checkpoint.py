@@ -20,6 +20,7 @@ import mxmoe.hf  # noqa: E402
 import reference  # noqa: E402
 from conftest import requires_cuda  # noqa: E402
 from test_hf import gpt_oss, qwen3_moe  # noqa: E402
+from test_parallel import held_weights  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -138,6 +139,73 @@ def test_layer_from_a_file_runs_and_verifies(saved, tmp_path):
     assert reference.rel_l2(out, reference.moe_forward(weights, x, logits)) < 1e-5
     # The router weights in the file route the same as the logits computed from them.
     assert reference.rel_l2(mxmoe.moe_forward(layer, x.float()), out) < 1e-5
+
+
+def quantized_layer(saved, tmp_path, L=1):
+    """A checkpoint of the tiny gpt-oss quantized (E 8, H 96, I 64: 2 blocks of I), its layer L read
+    back, and f32 x with the file's router logits for 9 tokens."""
+    _, path = saved["gpt_oss"]
+    dst = tmp_path / "q.safetensors"
+    mxmoe.quantize_checkpoint(path, dst)
+    ckpt = mxmoe.Checkpoint(dst)
+    weights = ckpt.read_layer(L)
+    x, logits = mxmoe.synthetic_inputs(weights, 9, seed=3)
+    return ckpt, weights, x.float(), logits
+
+
+# Contiguous over 2 ranks, and a scattered map (odd experts, in reverse local order).
+EXPERT_MAPS = ([0, 1, 2, 3, -1, -1, -1, -1], [-1, 3, -1, 2, -1, 1, -1, 0])
+
+
+def test_prepare_options_from_a_file(saved, tmp_path):
+    """Checkpoint.prepare_layer's expert_map / tp_rank / tp_ranks: bit for bit the layer that
+    mxmoe.prepare gives for the same options on the file's weights (the held experts taken out of
+    them); the ranks of a placement, and the shards of I, sum to the whole layer."""
+    ckpt, weights, x, logits = quantized_layer(saved, tmp_path)
+    cfg = weights.config
+    whole = mxmoe.moe_forward(ckpt.prepare_layer(1), x, logits=logits)
+
+    def same_as_prepare(options, **expect):
+        layer = ckpt.prepare_layer(1, "cpu", **options)
+        tensors = held_weights(weights, options["expert_map"]) if "expert_map" in options else weights.tensors
+        want = mxmoe.prepare(cfg, device="cpu", **options, **tensors)
+        assert layer.config == want.config and layer.expert_map == want.expert_map
+        for name, value in expect.items():
+            assert getattr(layer, name) == value, name
+        out = mxmoe.moe_forward(layer, x, logits=logits)
+        assert torch.equal(out, mxmoe.moe_forward(want, x, logits=logits))
+        return out
+
+    for expert_map in EXPERT_MAPS:
+        held = same_as_prepare(dict(expert_map=expert_map), expert_map=expert_map, config=cfg)
+        rest = [-1] * cfg.experts
+        for local, e in enumerate(e for e, m in enumerate(expert_map) if m < 0):
+            rest[e] = local
+        others = same_as_prepare(dict(expert_map=rest), expert_map=rest)
+        assert reference.rel_l2(held + others, whole) < 1e-5
+    shards = [same_as_prepare(dict(tp_rank=r, tp_ranks=2)) for r in range(2)]
+    assert ckpt.prepare_layer(1, tp_rank=1, tp_ranks=2).config.intermediate == 32
+    assert reference.rel_l2(shards[0] + shards[1], whole) < 1e-5
+    same_as_prepare(dict(expert_map=EXPERT_MAPS[1], tp_rank=1, tp_ranks=2))
+    assert torch.equal(mxmoe.moe_forward(mxmoe.load_layer(ckpt.path, 1, expert_map=EXPERT_MAPS[0]), x,
+                                         logits=logits),
+                       mxmoe.moe_forward(ckpt.prepare_layer(1, expert_map=EXPERT_MAPS[0]), x, logits=logits))
+    expect_invalid("expert_map", ckpt.prepare_layer, 1, expert_map=[0, 1, 2])
+    expect_invalid("expert_map", ckpt.prepare_layer, 1, expert_map=[0, 0, -1, -1, -1, -1, -1, -1])
+    expect_invalid("tp.rank", ckpt.prepare_layer, 1, tp_rank=2, tp_ranks=2)
+
+
+@requires_cuda
+def test_cuda_prepare_options_from_a_file(saved, tmp_path):
+    """The same options on the CUDA backend: the CPU backend's layer at the CUDA tolerance."""
+    ckpt, weights, x, logits = quantized_layer(saved, tmp_path)
+    for options in (dict(expert_map=EXPERT_MAPS[1]), dict(tp_rank=1, tp_ranks=2),
+                    dict(expert_map=EXPERT_MAPS[0], tp_rank=0, tp_ranks=2)):
+        cpu, cuda = ckpt.prepare_layer(1, "cpu", **options), ckpt.prepare_layer(1, "cuda", **options)
+        assert cuda.config == cpu.config and cuda.expert_map == cpu.expert_map
+        got = mxmoe.moe_forward(cuda, x.bfloat16().cuda(), logits=logits.cuda())
+        want = mxmoe.moe_forward(cpu, x.bfloat16().float(), logits=logits)
+        assert reference.rel_l2(got, want) < mxmoe.forward_tolerance("cuda").rel_l2, options
 
 
 def test_dequantize_checkpoint_is_exact(saved, tmp_path):

@@ -2,8 +2,11 @@
 every routing kind, activation, gate/up order, biases and routing source (logits, precomputed ids
 and weights, the router) against the models' own formulation (reference.py) and mxmoe.verify;
 dtypes, T = 0; on a GPU the CUDA layer against the same, against the CPU backend, CUDA graph
-capture and replay, the current stream and device. Against transformers' own modules:
+capture and replay, the current stream and device, the workspace kept per stream (and not used
+under capture). Against transformers' own modules:
 test_hf.py."""
+
+import ctypes
 
 import pytest
 import torch
@@ -234,6 +237,118 @@ def test_cuda_graph_replays_with_new_inputs_bitwise():
         eager = mxmoe.torch.moe_forward(layer, x, logits=logits)
         torch.cuda.synchronize()
         assert torch.equal(out, eager)
+
+
+def capturing(stream: int) -> bool:
+    flag = ctypes.c_int32(-1)
+    mxmoe._lib.check(mxmoe._lib.lib.mxmoe_stream_capturing(stream, ctypes.byref(flag)))
+    return bool(flag.value)
+
+
+@requires_cuda
+def test_cuda_graph_captures_a_workspace_of_its_own(monkeypatch):
+    """Under capture the forward takes a workspace from the graph's pool, not the one the layer
+    keeps for eager forwards on that stream; eager forwards too large to use the kept one take
+    torch memory meanwhile, and replays stay bitwise equal to eager."""
+    import mxmoe.torch
+
+    layer, x, logits = cuda_problem("gpt_oss", 2)
+    monkeypatch.setattr(mxmoe._moe, "CACHED_WORKSPACE_BYTES", layer.workspace_bytes(2))
+    for _ in range(2):
+        mxmoe.torch.moe_forward(layer, x, logits=logits)
+    torch.cuda.synchronize()
+    kept = dict(layer._workspaces)
+    assert list(kept) == [torch.cuda.current_stream().cuda_stream]
+    graph, seen = torch.cuda.CUDAGraph(), []
+    with torch.cuda.graph(graph):
+        stream = torch.cuda.current_stream().cuda_stream
+        seen.append(capturing(stream))
+        out = mxmoe.torch.moe_forward(layer, x, logits=logits)
+    assert seen == [True] and not capturing(stream)
+    assert layer._workspaces == kept  # capture neither used nor added one
+    big, big_logits = torch.randn(24, H, device="cuda").bfloat16(), torch.randn(24, E, device="cuda")
+    for _ in range(3):
+        x.copy_(torch.randn(2, H, device="cuda").bfloat16())
+        logits.copy_(torch.randn(2, E, device="cuda"))
+        mxmoe.torch.moe_forward(layer, big, logits=big_logits)  # torch memory for the call
+        graph.replay()
+        eager = mxmoe.torch.moe_forward(layer, x, logits=logits)
+        torch.cuda.synchronize()
+        assert torch.equal(out, eager)
+    assert layer._workspaces == kept
+
+
+@requires_cuda
+def test_cuda_workspace_kept_per_stream_up_to_its_bound(monkeypatch):
+    """The default workspace: one per stream, made on the stream's first forward and reused by
+    the next ones there; none kept for a forward past CACHED_WORKSPACE_BYTES; freed on close."""
+    layer, x, logits = cuda_problem("qwen3", 3)
+    default = torch.cuda.current_stream().cuda_stream
+    want = mxmoe.moe_forward(layer, x, logits=logits)
+    first = layer._workspaces[default]
+    assert first[2] == mxmoe._moe.CACHED_WORKSPACE_BYTES >= layer.workspace_bytes(3) and first[1] == first[0].ptr
+    assert torch.equal(mxmoe.moe_forward(layer, x, logits=logits), want)
+    assert layer._workspaces[default] is first  # reused, not reallocated
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        got = mxmoe.moe_forward(layer, x, logits=logits)
+    side.synchronize()
+    assert torch.equal(got, want)
+    assert set(layer._workspaces) == {default, side.cuda_stream}
+    assert layer._workspaces[side.cuda_stream][1] != first[1]
+    monkeypatch.setattr(mxmoe._moe, "CACHED_WORKSPACE_BYTES", layer.workspace_bytes(3))
+    big, big_logits = torch.randn(40, H, device="cuda").bfloat16(), torch.randn(40, E, device="cuda")
+    big_want = mxmoe.moe_forward(layer, big, logits=big_logits, workspace=torch.empty(
+        layer.workspace_bytes(40), dtype=torch.uint8, device="cuda"))
+    torch.cuda.synchronize()
+    with torch.cuda.stream(torch.cuda.Stream()):
+        big_got = mxmoe.moe_forward(layer, big, logits=big_logits)
+    torch.cuda.synchronize()
+    assert torch.equal(big_got, big_want)
+    assert set(layer._workspaces) == {default, side.cuda_stream}  # past the bound: nothing kept
+    layer.close()
+    assert layer._workspaces == {}
+
+
+@requires_cuda
+def test_cuda_forwards_on_two_streams_at_once():
+    """Forwards interleaved on two streams, each behind a delay on its own stream, give what one
+    stream gives: the streams' workspaces are not shared."""
+    layer, x1, logits1 = cuda_problem("gpt_oss", 5)
+    x2, logits2 = torch.randn(5, H, device="cuda").bfloat16(), torch.randn(5, E, device="cuda")
+    want1, want2 = mxmoe.moe_forward(layer, x1, logits=logits1), mxmoe.moe_forward(layer, x2, logits=logits2)
+    streams = torch.cuda.Stream(), torch.cuda.Stream()
+    torch.cuda.synchronize()
+    outs = {0: [], 1: []}
+    for _ in range(8):
+        for i, (s, x, lg) in enumerate(zip(streams, (x1, x2), (logits1, logits2))):
+            with torch.cuda.stream(s):
+                torch.cuda._sleep(1_000_000)
+                outs[i].append(mxmoe.moe_forward(layer, x, logits=lg))
+    torch.cuda.synchronize()
+    assert all(torch.equal(o, want1) for o in outs[0]) and all(torch.equal(o, want2) for o in outs[1])
+
+
+@requires_cuda
+def test_cuda_forward_on_a_given_stream(monkeypatch):
+    """stream= (a cudaStream_t that is not torch's current one): the forward and its default
+    workspace are on that stream, the kept one and (past the bound) torch memory for the call
+    allocated for that stream."""
+    layer, x, logits = cuda_problem("qwen3", 4)
+    want = mxmoe.moe_forward(layer, x, logits=logits)
+    other = torch.cuda.Stream()
+    torch.cuda.synchronize()
+    got = mxmoe.moe_forward(layer, x, logits=logits, stream=other.cuda_stream)
+    other.synchronize()
+    assert torch.equal(got, want) and other.cuda_stream in layer._workspaces
+    monkeypatch.setattr(mxmoe._moe, "CACHED_WORKSPACE_BYTES", 0)
+    third = torch.cuda.Stream()
+    outs = []
+    for _ in range(4):  # each call's workspace goes back to torch for `third` only, in its order
+        outs.append(mxmoe.moe_forward(layer, x, logits=logits, stream=third.cuda_stream))
+    third.synchronize()
+    assert all(torch.equal(o, want) for o in outs) and third.cuda_stream not in layer._workspaces
 
 
 @requires_cuda

@@ -98,5 +98,7 @@ namespace mxmoe::c_api {
 // mxmoe::prepare on `d` (with the CUDA device made current for the call).
 std::unique_ptr<mxmoe_moe> prepare_on(const moe_weights& weights, const moe_config& cfg, device_ref d,
                                       const prepare_options& options = {});
+// mxmoe_prepare_options -> prepare_options (NULL: the defaults).
+prepare_options to_options(const mxmoe_prepare_options* o);
 const mxmoe_moe& require_layer(const mxmoe_moe* layer);
 }  // namespace mxmoe::c_api

@@ -19,6 +19,10 @@
 #include "mxmoe/quantize.h"
 #include "mxmoe/safetensors.h"
 
+#if MXMOE_C_API_CUDA
+#include <cuda_runtime_api.h>
+#endif
+
 namespace mxmoe::c_api {
 namespace {
 
@@ -239,6 +243,63 @@ mxmoe_status mxmoe_cuda_available(int32_t device, int32_t* available, char* why,
 
 mxmoe_status mxmoe_cuda_device_name(int32_t device, char* name, size_t name_size) {
   return guarded([&] { copy_out(cuda::device_name(device), name, name_size); });
+}
+
+mxmoe_status mxmoe_stream_capturing(void* stream, int32_t* capturing) {
+  return guarded([&] {
+    MXMOE_CHECK_ARG(capturing != nullptr, "capturing", "a pointer to the result", "NULL");
+#if MXMOE_C_API_CUDA
+    cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+    const cudaError_t err = cudaStreamIsCapturing(static_cast<cudaStream_t>(stream), &status);
+    if (err != cudaSuccess) {
+      cudaGetLastError();  // not sticky: clear it so that the caller's next CUDA call does not see it
+      throw std::runtime_error("CUDA error: " + std::string(cudaGetErrorString(err)) +
+                               " asking whether a stream is capturing");
+    }
+    *capturing = status != cudaStreamCaptureStatusNone ? 1 : 0;  // active, or invalidated (still capturing)
+#else
+    (void)stream;
+    throw unsupported("mxmoe_stream_capturing: this build has no CUDA (built with MXMOE_CUDA=OFF)");
+#endif
+  });
+}
+
+mxmoe_status mxmoe_device_alloc(int32_t device, int64_t bytes, void** ptr) {
+  return guarded([&] {
+    MXMOE_CHECK_ARG(ptr != nullptr, "ptr", "a pointer to the result", "NULL");
+    MXMOE_CHECK_ARG(bytes > 0, "bytes", "a size > 0", std::to_string(bytes));
+    *ptr = nullptr;
+#if MXMOE_C_API_CUDA
+    const device_guard guard(device);
+    const cudaError_t err = cudaMalloc(ptr, static_cast<size_t>(bytes));
+    if (err == cudaErrorMemoryAllocation) {
+      cudaGetLastError();
+      throw std::bad_alloc();
+    }
+    if (err != cudaSuccess) {
+      cudaGetLastError();
+      throw std::runtime_error("CUDA error: " + std::string(cudaGetErrorString(err)) + " allocating " +
+                               std::to_string(bytes) + " bytes on cuda:" + std::to_string(device));
+    }
+#else
+    (void)device;
+    throw unsupported("mxmoe_device_alloc: this build has no CUDA (built with MXMOE_CUDA=OFF)");
+#endif
+  });
+}
+
+void mxmoe_device_free(int32_t device, void* ptr) {
+#if MXMOE_C_API_CUDA
+  if (!ptr) return;
+  try {
+    const device_guard guard(device);
+    if (cudaFree(ptr) != cudaSuccess) cudaGetLastError();  // a free has no one to report to
+  } catch (...) {  // the device cannot be made current: nothing left to free on it
+  }
+#else
+  (void)device;
+  (void)ptr;
+#endif
 }
 
 mxmoe_status mxmoe_scale_bytes(int64_t rows, int64_t k, int32_t layout, int64_t* bytes) {

@@ -13,6 +13,7 @@
 #include "mxmoe/convert.h"
 #include "mxmoe/error.h"
 #include "mxmoe/safetensors.h"
+#include "mxmoe/shard.h"
 
 struct mxmoe_checkpoint {
   mxmoe::safetensors_reader file;
@@ -120,6 +121,13 @@ mxmoe_status mxmoe_checkpoint_read_layer(const mxmoe_checkpoint* file, int64_t l
 
 mxmoe_status mxmoe_checkpoint_prepare_layer(const mxmoe_checkpoint* file, int64_t layer, const mxmoe_moe_config* cfg,
                                             int32_t device_type, int32_t device_id, mxmoe_moe** out) {
+  return mxmoe_checkpoint_prepare_layer_with_options(file, layer, cfg, nullptr, device_type, device_id, out);
+}
+
+mxmoe_status mxmoe_checkpoint_prepare_layer_with_options(const mxmoe_checkpoint* file, int64_t layer,
+                                                         const mxmoe_moe_config* cfg,
+                                                         const mxmoe_prepare_options* options, int32_t device_type,
+                                                         int32_t device_id, mxmoe_moe** out) {
   return guarded([&] {
     MXMOE_CHECK_ARG(out != nullptr, "out", "a pointer to the result", "NULL");
     *out = nullptr;
@@ -130,8 +138,17 @@ mxmoe_status mxmoe_checkpoint_prepare_layer(const mxmoe_checkpoint* file, int64_
                     "0 (cpu) for a BF16 layer (the cuda layer runs MXFP4 weights: quantize the checkpoint first)",
                     "1 (cuda)");
     const moe_config config = cfg ? to_config(cfg) : checkpoint::layer_config(c.file, info);
+    const prepare_options o = to_options(options);
     std::vector<uint16_t> gate_up, down;
-    *out = prepare_on(layer_weights(c, info, gate_up, down), config, d).release();
+    const moe_weights all = layer_weights(c, info, gate_up, down);
+    if (o.expert_map.empty()) {
+      *out = prepare_on(all, config, d, o).release();
+      return;
+    }
+    // prepare takes the held experts' tensors only ([E_held, ...]); the file has all E
+    // (select_experts checks the map against them).
+    const owned_weights held = select_experts(all, config, o.expert_map);
+    *out = prepare_on(held.weights(), config, d, o).release();
   });
 }
 

@@ -71,6 +71,10 @@ forward_call to_forward_call(const mxmoe_moe& m, const mxmoe_tensor* x, const mx
   return c;
 }
 
+}  // namespace
+
+std::span<const weight_slot> weight_slots() { return kWeightSlots; }
+
 // mxmoe_prepare_options -> prepare_options (NULL: the defaults); the map's size and the shard are
 // checked here only as far as C needs (a NULL map with entries); prepare checks the rest.
 prepare_options to_options(const mxmoe_prepare_options* o) {
@@ -84,10 +88,6 @@ prepare_options to_options(const mxmoe_prepare_options* o) {
   else MXMOE_CHECK_ARG(o->tp_rank == 0, "tp.rank", "0 when tp_ranks is 0 (no tensor parallelism)", std::to_string(o->tp_rank));
   return r;
 }
-
-}  // namespace
-
-std::span<const weight_slot> weight_slots() { return kWeightSlots; }
 
 moe_config to_config(const mxmoe_moe_config* c) {
   MXMOE_CHECK_ARG(c != nullptr, "cfg", "a configuration", "NULL");

@@ -60,6 +60,48 @@ TEST(CApi, VersionAndBuild) {
   }
 }
 
+// Whether a stream captures: a null result pointer is named; a CPU-only build says it has no CUDA;
+// with a usable GPU the legacy default stream is not capturing (the capture itself is checked on
+// the GPU by python/tests/test_moe.py, under torch.cuda.graph).
+TEST(CApi, StreamCapturing) {
+  expect_invalid(mxmoe_stream_capturing(nullptr, nullptr), "capturing");
+  int32_t capturing = -1;
+  const mxmoe_status s = mxmoe_stream_capturing(nullptr, &capturing);
+  if (!mxmoe_built_with_cuda()) {
+    EXPECT_EQ(s, MXMOE_ERR_UNSUPPORTED);
+    EXPECT_NE(std::string(mxmoe_last_error()).find("no CUDA"), std::string::npos) << mxmoe_last_error();
+    return;
+  }
+  int32_t ok = 0;
+  char why[256];
+  ASSERT_EQ(mxmoe_cuda_available(0, &ok, why, sizeof why), MXMOE_OK);
+  if (!ok) GTEST_SKIP() << "no usable GPU: " << why;
+  ASSERT_EQ(s, MXMOE_OK) << mxmoe_last_error();
+  EXPECT_EQ(capturing, 0);
+}
+
+// Device memory for a caller's scratch: bad arguments named; a CPU-only build says it has no CUDA;
+// with a usable GPU a buffer comes and goes (free of NULL is a no-op everywhere).
+TEST(CApi, DeviceMemory) {
+  void* p = reinterpret_cast<void*>(1);
+  expect_invalid(mxmoe_device_alloc(0, 64, nullptr), "ptr");
+  expect_invalid(mxmoe_device_alloc(0, 0, &p), "bytes");
+  mxmoe_device_free(0, nullptr);
+  const mxmoe_status s = mxmoe_device_alloc(0, 64, &p);
+  if (!mxmoe_built_with_cuda()) {
+    EXPECT_EQ(s, MXMOE_ERR_UNSUPPORTED);
+    EXPECT_EQ(p, nullptr);
+    return;
+  }
+  int32_t ok = 0;
+  char why[256];
+  ASSERT_EQ(mxmoe_cuda_available(0, &ok, why, sizeof why), MXMOE_OK);
+  if (!ok) GTEST_SKIP() << "no usable GPU: " << why;
+  ASSERT_EQ(s, MXMOE_OK) << mxmoe_last_error();
+  EXPECT_NE(p, nullptr);
+  mxmoe_device_free(0, p);
+}
+
 TEST(CApi, QuantizeRoundTrip) {
   std::vector<float> x(4 * 64), y(4 * 64, -1.0f);
   for (size_t i = 0; i < x.size(); ++i) x[i] = static_cast<float>(i % 7) - 3.0f;  // exact in E2M1
@@ -497,6 +539,22 @@ TEST_F(CApiRoad, CheckpointListReadPrepareConvert) {
   expect_invalid(mxmoe_checkpoint_prepare_layer(file, 2, &bad, MXMOE_DEVICE_CPU, 0, &layer), "cfg.routing.top_k");
   EXPECT_EQ(layer, nullptr);
   expect_invalid(mxmoe_checkpoint_prepare_layer(file, 2, nullptr, 5, 0, &layer), "device_type");
+  // With options: the held experts are taken out of the file (weights of those only); a map of the
+  // wrong size is named as mxmoe_moe_prepare_with_options names it.
+  std::vector<int32_t> held(static_cast<size_t>(kE), -1);
+  held[1] = 0;
+  mxmoe_prepare_options options{held.data(), kE, 0, 1};
+  ASSERT_EQ(mxmoe_checkpoint_prepare_layer_with_options(file, 2, nullptr, &options, MXMOE_DEVICE_CPU, 0, &layer),
+            MXMOE_OK)
+      << mxmoe_last_error();
+  ASSERT_EQ(mxmoe_moe_weight_bytes(layer, &bytes), MXMOE_OK);
+  EXPECT_EQ(bytes * kE, static_cast<int64_t>(b.gub.size() + b.gus.size() + b.dnb.size() + b.dns.size() +
+                                             2 * (b.gu_bias.size() + b.dn_bias.size())));
+  mxmoe_moe_free(layer);
+  options.expert_map_size = kE - 1;
+  expect_invalid(
+      mxmoe_checkpoint_prepare_layer_with_options(file, 2, nullptr, &options, MXMOE_DEVICE_CPU, 0, &layer),
+      "expert_map");
   mxmoe_checkpoint_close(file);
   mxmoe_checkpoint_close(nullptr);
 
