@@ -52,12 +52,6 @@ TEST_P(GpuMoe, MatchesReferenceAtEveryTileResidue) {
 // fragment tiles) at T <= 16, in GEMM1 and in GEMM2 respectively; decode_split_k_16_tokens (4.5
 // to 20 pairs per expert) splits both GEMMs over 2 groups in 16-token tiles (T = 12, 17, 20; T = 9:
 // 8-token tiles, GEMM2 over 4 groups) and runs 32-token tiles, unsplit, at T = 40.
-// The decode_row_tiles cases have many experts touched and K's fragment tiles a multiple of 4
-// (12 and 4, the last half empty), so that on an H200 (132 SMs) each decode warp streams several
-// row tiles (moe_layer.cu, decode_row_tiles_per_warp): E = 512, k = 16: GEMM1 (28 row tiles) 2 per
-// warp, GEMM2 (46) 4 per warp, in 8-token (T = 32, 37) and 16-token tiles (T = 160, 300); E = 256
-// at T = 300: 32-token tiles, GEMM2 2 per warp. 46 row tiles leave the last CTA's warps with 4,
-// 2 or none; 28 with 2 or none.
 INSTANTIATE_TEST_SUITE_P(
     Shapes, GpuMoe,
     testing::Values(
@@ -82,11 +76,7 @@ INSTANTIATE_TEST_SUITE_P(
         shape_case{"decode_split_k_gemm2", 8, 64, 2080, 1, routing_kind::softmax_topk, activation_kind::silu_mul,
                    layout::gate_up_order::concatenated, false, {1, 5, 12, 33}},
         shape_case{"decode_split_k_16_tokens", 4, 2080, 2080, 2, routing_kind::softmax_topk,
-                   activation_kind::silu_mul, layout::gate_up_order::interleaved, true, {9, 12, 17, 20, 40}},
-        shape_case{"decode_row_tiles", 512, 736, 224, 16, routing_kind::softmax_topk, activation_kind::silu_mul,
-                   layout::gate_up_order::concatenated, false, {32, 37, 160, 300}},
-        shape_case{"decode_row_tiles_32_tokens_bias", 256, 736, 224, 16, routing_kind::topk_softmax,
-                   activation_kind::swiglu_clamped, layout::gate_up_order::interleaved, true, {300}}),
+                   activation_kind::silu_mul, layout::gate_up_order::interleaved, true, {9, 12, 17, 20, 40}}),
     [](const testing::TestParamInfo<shape_case>& i) { return std::string(i.param.name); });
 
 // Scale bytes 0 and above 128 take the two-multiply dequantization (2^(s-1) is no normal bf16

@@ -37,11 +37,10 @@ __device__ __forceinline__ void load_tile_rows(const tile_desc& td, const moe_wo
   }
 }
 
-// tok0: the tile-relative token of block 0's column 0; pair_of(r): the pair of tile token r
-// (GEMM2; called by every lane of the warp, so it may be a warp shuffle).
-template <int NB, class PairOf>
-__device__ __forceinline__ void store_row_tile_by(const float (&acc)[NB][4], int rt, int tok0, const tile_desc& td,
-                                               PairOf pair_of, const gemm_weights& w, const moe_workspace& ws,
+// tok0: the tile-relative token of block 0's column 0; row_pair[r]: the pair of tile token r.
+template <int NB>
+__device__ __forceinline__ void store_row_tile(const float (&acc)[NB][4], int rt, int tok0, const tile_desc& td,
+                                               const int* row_pair, const gemm_weights& w, const moe_workspace& ws,
                                                epilogue_kind ep, const activation_config& act) {
   const int lane = threadIdx.x & 31, g = lane >> 2, t4 = lane & 3;
   const int64_t r0 = static_cast<int64_t>(rt) * 16 + g, r1 = r0 + 8;
@@ -52,7 +51,6 @@ __device__ __forceinline__ void store_row_tile_by(const float (&acc)[NB][4], int
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       const int r = tok0 + nb * 8 + 2 * t4 + h;
-      const int pair = ep == epilogue_kind::weighted_down ? pair_of(r) : -1;  // ep is warp-uniform
       if (r >= td.count) continue;
       const float v0 = acc[nb][h] + b0, v1 = acc[nb][2 + h] + b1;
       if (ep == epilogue_kind::gate_up_activation) {
@@ -60,6 +58,7 @@ __device__ __forceinline__ void store_row_tile_by(const float (&acc)[NB][4], int
         const int64_t j_out = static_cast<int64_t>(rt) * 8 + g;
         ws.act[static_cast<int64_t>(td.start + r) * inter + j_out] = float_to_bf16(activate(v0, v1, act));
       } else {
+        const int pair = row_pair[r];
         const float wt = ws.weights[pair];
         uint16_t* y = ws.ybuf + static_cast<int64_t>(pair) * w.rows;
         y[r0] = float_to_bf16(v0 * wt);
@@ -67,14 +66,6 @@ __device__ __forceinline__ void store_row_tile_by(const float (&acc)[NB][4], int
       }
     }
   }
-}
-
-// The same with the pairs from load_tile_rows' row_pair (shared memory).
-template <int NB>
-__device__ __forceinline__ void store_row_tile(const float (&acc)[NB][4], int rt, int tok0, const tile_desc& td,
-                                               const int* row_pair, const gemm_weights& w, const moe_workspace& ws,
-                                               epilogue_kind ep, const activation_config& act) {
-  store_row_tile_by<NB>(acc, rt, tok0, td, [row_pair](int r) { return row_pair[r]; }, w, ws, ep, act);
 }
 
 }  // namespace mxmoe::cuda::sm90::detail

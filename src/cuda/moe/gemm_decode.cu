@@ -14,11 +14,11 @@ template <class S, int KG>
 void launch_decode_groups(const gemm_launch& l, const gemm_weights& w, const uint16_t* b_rows, const moe_workspace& ws,
                           int top_k, epilogue_kind ep, const activation_config& act, cudaStream_t stream) {
   const layout::sm90_fragment frag{w.rows, w.cols};
-  const dim3 grid(static_cast<unsigned>(layout::ceil_div(frag.row_tiles(), S::kWarps / KG * l.row_tiles_per_warp)),
+  const dim3 grid(static_cast<unsigned>(layout::ceil_div(frag.row_tiles(), S::kWarps / KG)),
                   static_cast<unsigned>(l.max_tiles));
   auto* kernel = w.scales_in_range ? moe_gemm_decode_kernel<S, KG, true> : moe_gemm_decode_kernel<S, KG, false>;
   launch_pdl(kernel, grid, dim3(S::kThreads), static_cast<size_t>(S::smem_bytes(KG)), stream, l.dependent, w, b_rows,
-             ws, top_k, ep, act, l.early_weights, l.row_tiles_per_warp);
+             ws, top_k, ep, act, l.early_weights);
 }
 
 template <class S>
@@ -27,15 +27,6 @@ void launch_decode(const gemm_launch& l, const gemm_weights& w, const uint16_t* 
   MXMOE_CHECK_ARG(l.k_groups >= 1 && l.k_groups <= S::kMaxGroups && (l.k_groups & (l.k_groups - 1)) == 0,
                   "gemm_launch.k_groups", "1, 2 or 4 and at most " + std::to_string(S::kMaxGroups),
                   std::to_string(l.k_groups));
-  const layout::sm90_fragment frag{w.rows, w.cols};
-  MXMOE_CHECK_ARG(l.row_tiles_per_warp == 1 ||
-                      (l.row_tiles_per_warp >= 1 && l.row_tiles_per_warp <= 64 && l.k_groups == 1 &&
-                       frag.col_tiles() % S::kSteps == 0),
-                  "gemm_launch.row_tiles_per_warp",
-                  "1, or in [2, 64] with k_groups 1 and K's 64-wide fragment tiles a multiple of " +
-                      std::to_string(S::kSteps),
-                  std::to_string(l.row_tiles_per_warp) + " (k_groups " + std::to_string(l.k_groups) +
-                      ", K " + std::to_string(w.cols) + ")");
   MXMOE_CHECK_ARG(l.max_tiles >= 1 && l.max_tiles <= 65535, "gemm_launch.max_tiles", "in [1, 65535]",
                   std::to_string(l.max_tiles));
   switch (l.k_groups) {

@@ -25,13 +25,6 @@
 // With k_groups > 1 the partial sums of the K groups are added through shared memory in group
 // order before the epilogue: fixed order, deterministic. fp32 accumulation throughout.
 //
-// Row tiles per warp (row_tiles_per_warp = R, k_groups 1 only, K's fragment tiles a multiple of
-// kSteps): each warp streams R consecutive row tiles of the expert — contiguous in the fragment
-// layout — through one ring, storing each row tile's outputs when its last stage is consumed.
-// The activations are copied again for every row tile (they come from L2); what R saves is the
-// per-CTA cost (tile and row lookups, the ring's fill, the drain before the epilogue, the CTA's
-// launch), which at short K (Qwen3's GEMM2: three stages per warp) is a large part of a CTA.
-//
 // Launched as a programmatic dependent (pdl.cuh): GEMM2 (early_weights) reads its tile and starts
 // copying weights before waiting for GEMM1.
 // Limits: K a multiple of 32; rows a multiple of 16; B rows 16-byte aligned; the tile list from
@@ -69,7 +62,7 @@ struct decode_shape {
   static constexpr int kMinBlocks = NT == 2 ? 3 : 2;
   // The tile's row arrays (2 * BN ints) in the B part of the last ring slot, which no copy
   // writes before the main loop's first barrier, instead of after the ring: 128 bytes less, which
-  // is what a third 16-token CTA per SM needs. GEMM2's epilogue keeps its pairs in a register.
+  // is what a third 16-token CTA per SM needs. GEMM2 reads them again for its epilogue.
   static constexpr bool kRowsInRing = NT == 2;
   static constexpr int kRowBytes = 128;            // one B row of one fragment tile
   static constexpr int kCodeBytes = kSteps * layout::sm90_fragment::kTileBytes;        // a warp's codes per stage
@@ -101,7 +94,7 @@ using decode_32 = decode_shape<4>;
 template <class S, int KG, bool kScalesInRange>
 __global__ void __launch_bounds__(S::kThreads, S::kMinBlocks)
     moe_gemm_decode_kernel(gemm_weights w, const uint16_t* __restrict__ b_rows, moe_workspace ws, int top_k,
-                           epilogue_kind ep, activation_config act, bool early_weights, int row_tiles_per_warp) {
+                           epilogue_kind ep, activation_config act, bool early_weights) {
   static_assert(KG >= 1 && KG <= S::kMaxGroups && S::kWarps % KG == 0, "1, 2 or 4 K groups of whole warps");
   // The K groups are a template parameter so that a thread's B chunks of groups that do not exist
   // (and their copy state) are no code at all: the per-stage copy bookkeeping, not the tensor
@@ -114,20 +107,15 @@ __global__ void __launch_bounds__(S::kThreads, S::kMinBlocks)
   const layout::sm90_fragment frag{w.rows, w.cols};
   const int row_tiles = static_cast<int>(frag.row_tiles()), col_tiles = static_cast<int>(frag.col_tiles());
   const int K = static_cast<int>(w.cols);
-  // Row tiles rt0 .. rt0 + my_rows - 1 (consecutive) for this warp; the CTA runs the stages of its
-  // first warp, which has the most.
-  const int R = row_tiles_per_warp;
-  const int cta_rt0 = blockIdx.x * kWarpsM * R, rt0 = cta_rt0 + wm * R;
-  const int my_rows = max(0, min(R, row_tiles - rt0)), cta_rows = min(R, row_tiles - cta_rt0);
-  const bool active = my_rows > 0;  // warp-uniform; idle warps still copy B and meet barriers
+  const int rt = blockIdx.x * kWarpsM + wm;
+  const bool active = rt < row_tiles;  // warp-uniform; idle warps still copy B and meet barriers
 
   // K range of group g: col_tiles split as evenly as possible, the first `rem` groups one longer.
   const int per = col_tiles / KG, rem = col_tiles % KG;
   auto group_begin = [&](int g) { return g * per + (g < rem ? g : rem); };
   auto group_tiles = [&](int g) { return per + (g < rem ? 1 : 0); };
   const int kt0 = group_begin(wk), nk = group_tiles(wk);
-  const int row_stages = (group_tiles(0) + S::kSteps - 1) / S::kSteps;  // stages per row tile
-  const int num_stages = cta_rows * row_stages, my_stages = my_rows * row_stages;
+  const int num_stages = (group_tiles(0) + S::kSteps - 1) / S::kSteps;
 
   // Stage s lives at smem + (s % kStages) * stage_bytes: [A: warps][2176 B] [B: tiles][BN][128 B].
   constexpr int kStageBytes = S::stage_bytes(KG);
@@ -139,18 +127,18 @@ __global__ void __launch_bounds__(S::kThreads, S::kMinBlocks)
   const int* tdp = reinterpret_cast<const int*>(ws.tiles + blockIdx.y);
   const tile_desc td{__ldcg(tdp), __ldcg(tdp + 1), __ldcg(tdp + 2)};
 
-  // Weights: fragment tiles kt0.. of row tile rt0 (and for R > 1 of the next ones). Per stage this lane copies its 16 code bytes of
+  // Weights: fragment tiles kt0.. of row tile rt. Per stage this lane copies its 16 code bytes of
   // each of the kSteps tiles, and lanes < 2 * kSteps 16 of the stage's kSteps * 32 scale bytes.
   // The copy state advances one stage per call (a_left <= 0: nothing left to copy); only the K
   // range's last stage can be partial, and only it tests each copy (a_left is warp-uniform).
-  const int64_t tile0 = static_cast<int64_t>(rt0) * col_tiles + kt0;
+  const int64_t tile0 = static_cast<int64_t>(rt) * col_tiles + kt0;
   const uint8_t* a_src = w.codes + td.expert * w.expert_code_stride + tile0 * 512 + lane * 16;
   const uint8_t* s_src = w.scales + td.expert * w.expert_scale_stride + tile0 * 32 + lane * 16;
   const uint32_t a_dst = smem_u32 + warp * S::kAWarpBytes + lane * 16;
   // The stage's fragment tile whose scale bytes this lane copies (lanes >= 2 * kSteps copy none).
   const bool s_lane = lane < 2 * S::kSteps;
   const int s_tile = s_lane ? lane / 2 : 1 << 30;
-  int a_left = my_rows * nk;  // R > 1: nk = col_tiles, a multiple of kSteps
+  int a_left = active ? nk : 0;
   auto load_a_stage = [&](uint32_t slot) {
     if (a_left >= S::kSteps) {
 #pragma unroll
@@ -180,10 +168,6 @@ __global__ void __launch_bounds__(S::kThreads, S::kMinBlocks)
   int* row_pair = row_src + S::BN;
   detail::load_tile_rows(td, ws, ep, top_k, S::BN, row_src, row_pair);
   __syncthreads();
-  // GEMM2's epilogue: lane l keeps the pair of tile token l % BN (the ring overwrites row_pair
-  // when kRowsInRing; an epilogue inside the loop needs it before the ring is drained).
-  const int lane_pair = row_pair[lane % S::BN];
-  auto pair_of = [lane_pair](int r) { return __shfl_sync(0xffffffffu, lane_pair, r); };  // r < BN <= 32
 
   // This thread's B chunks: row cr, 16-byte column cq, fragment tiles ct0 + i * kTileStride of a
   // stage (stage tile index = group * kSteps + step). Per chunk, fixed for the kernel: its
@@ -216,7 +200,6 @@ __global__ void __launch_bounds__(S::kThreads, S::kMinBlocks)
       }
     }
     b_stage += S::kSteps;
-    if (b_stage == row_stages * S::kSteps) b_stage = 0;  // the next row tile starts at k = 0
   };
   // One cp.async group per stage: group 0 = A stages 0 .. kStages-2 and B stage 0, group s = B
   // stage s for s < kStages - 1, then group s = A and B of stage s, committed kStages - 1 earlier.
@@ -250,8 +233,6 @@ __global__ void __launch_bounds__(S::kThreads, S::kMinBlocks)
     for (int q = 0; q < 4; ++q) acc[n][q] = 0.0f;
 
   uint32_t use_slot = 0;
-  int kst = 0;  // stage within the current row tile
-  int rt = rt0;
   for (int st = 0; st < num_stages; ++st) {
     cute::cp_async_wait<S::kStages - 2>();
     __syncthreads();  // stage st is in; every warp is done with stage st - 1, whose slot is refilled
@@ -263,7 +244,7 @@ __global__ void __launch_bounds__(S::kThreads, S::kMinBlocks)
     load_slot = next_slot(load_slot);
     const uint32_t slot = use_slot;
     use_slot = next_slot(use_slot);
-    if (st >= my_stages) continue;
+    if (!active) continue;
     // Fragment tile i of the stage: dequantize, then one mma per 8-token block in use.
     auto consume_tile = [&](int i) {
       uint32_t a[4][4];
@@ -283,21 +264,12 @@ __global__ void __launch_bounds__(S::kThreads, S::kMinBlocks)
                                                     b[j][0], b[j][1], c[0], c[1], c[2], c[3]);
       }
     };
-    const int tiles = nk - kst * S::kSteps;  // >= 1
+    const int tiles = nk - st * S::kSteps;  // >= 1
     if (tiles >= S::kSteps) {
 #pragma unroll
       for (int i = 0; i < S::kSteps; ++i) consume_tile(i);
     } else {
       for (int i = 0; i < tiles; ++i) consume_tile(i);  // the K range's last, partial stage
-    }
-    if (++kst == row_stages && st + 1 < my_stages) {  // a row tile before the warp's last: store it
-      kst = 0;
-      detail::store_row_tile_by<S::NT>(acc, rt, 0, td, pair_of, w, ws, ep, act);
-      ++rt;
-#pragma unroll
-      for (int n = 0; n < S::NT; ++n)
-#pragma unroll
-        for (int q = 0; q < 4; ++q) acc[n][q] = 0.0f;
     }
   }
   cute::cp_async_wait<0>();
@@ -319,7 +291,11 @@ __global__ void __launch_bounds__(S::kThreads, S::kMinBlocks)
 #pragma unroll
           for (int q = 0; q < 4; ++q) acc[n][q] += red[((((g - 1) * kWarpsM + wm) * S::NT + n) * 4 + q) * 32 + lane];
   }
-  if (wk == 0 && active) detail::store_row_tile_by<S::NT>(acc, rt, 0, td, pair_of, w, ws, ep, act);
+  if (S::kRowsInRing && ep == epilogue_kind::weighted_down) {  // the ring overwrote them
+    detail::load_tile_rows(td, ws, ep, top_k, S::BN, row_src, row_pair);
+    __syncthreads();
+  }
+  if (wk == 0 && active) detail::store_row_tile<S::NT>(acc, rt, 0, td, row_pair, w, ws, ep, act);
 }
 
 }  // namespace mxmoe::cuda::sm90

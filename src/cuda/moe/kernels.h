@@ -83,8 +83,6 @@ struct gemm_launch {
   int k_groups = 1;            // decode: warps of a CTA splitting K (1, 2 or 4, <= 32 / BN)
   bool early_weights = false;  // decode: start copying weights before waiting for the previous kernel
                                // (the tile list was written two kernels back: GEMM2)
-  int row_tiles_per_warp = 1;  // decode: consecutive row tiles each warp streams through its ring
-                               // (gemm_decode.cuh; > 1 only with k_groups 1, col tiles % 4 == 0)
   bool dependent = true;       // programmatic dependent launch
   int64_t experts = 0;         // prefill: experts in the weights, and
   int64_t b_row_count = 0;     // the rows of b_rows (T·k): the extents of the kernel's tensor maps

@@ -101,22 +101,6 @@ int decode_k_groups(int bn, int64_t est_tiles, int64_t rows, int64_t cols, int64
   return kg;
 }
 
-// Row tiles each decode warp streams (gemm_launch::row_tiles_per_warp): 2 or 4 where the CTAs
-// would otherwise be many and short, as long as the estimated CTAs stay at least
-// kRowsMinWaves times the resident ones (the tail of the last wave grows with R). Needs k_groups 1
-// and K's fragment tiles a multiple of 4 (the kernel's stage), e.g. not gpt-oss (K = 2880).
-constexpr int64_t kRowsMinWaves = 2;
-int decode_row_tiles_per_warp(int k_groups, int64_t est_tiles, int64_t rows, int64_t cols, int64_t resident_warps) {
-  const layout::sm90_fragment frag{rows, cols};
-  if (k_groups != 1 || frag.col_tiles() % 4 != 0) return 1;
-  const int64_t resident_ctas = resident_warps / sm90::kDecodeWarps;
-  int r = 1;
-  while (r < 4 && layout::ceil_div(frag.row_tiles(), int64_t{sm90::kDecodeWarps} * 2 * r) * est_tiles >=
-                      kRowsMinWaves * resident_ctas)
-    r *= 2;
-  return r;
-}
-
 struct workspace_plan {
   size_t counts, offsets, num_tiles, error_flag, tiles, ids, weights, pos, sorted, act, ybuf, total;
   workspace_plan(int64_t tokens, const moe_config& c) {
@@ -395,8 +379,6 @@ void moe_layer::forward(const tensor_view& x, const routing_input& routing, cons
     g1.k_groups = decode_k_groups(bn, est_tiles, 2 * I, H, m.decode_resident_warps);
     g2.k_groups = decode_k_groups(bn, est_tiles, H, I, m.decode_resident_warps);
     g2.early_weights = true;  // its tile list was written by the plan, before GEMM1
-    g1.row_tiles_per_warp = decode_row_tiles_per_warp(g1.k_groups, est_tiles, 2 * I, H, m.decode_resident_warps);
-    g2.row_tiles_per_warp = decode_row_tiles_per_warp(g2.k_groups, est_tiles, H, I, m.decode_resident_warps);
   }
   const uint16_t* b1 = x.as<const uint16_t>();
   if (prefill) {  // GEMM1's rows gathered in sorted order into ybuf, which GEMM2 then overwrites
