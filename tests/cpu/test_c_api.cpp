@@ -60,6 +60,15 @@ TEST(CApi, VersionAndBuild) {
   }
 }
 
+// Whether device 0 is a GPU the library can use; `why` says why not.
+bool usable_gpu(std::string* why) {
+  int32_t ok = 0;
+  char text[256] = {};
+  EXPECT_EQ(mxmoe_cuda_available(0, &ok, text, sizeof text), MXMOE_OK);
+  *why = text;
+  return ok != 0;
+}
+
 // Whether a stream captures: a null result pointer is named; a CPU-only build says it has no CUDA;
 // with a usable GPU the legacy default stream is not capturing (the capture itself is checked on
 // the GPU by python/tests/test_moe.py, under torch.cuda.graph).
@@ -72,10 +81,8 @@ TEST(CApi, StreamCapturing) {
     EXPECT_NE(std::string(mxmoe_last_error()).find("no CUDA"), std::string::npos) << mxmoe_last_error();
     return;
   }
-  int32_t ok = 0;
-  char why[256];
-  ASSERT_EQ(mxmoe_cuda_available(0, &ok, why, sizeof why), MXMOE_OK);
-  if (!ok) GTEST_SKIP() << "no usable GPU: " << why;
+  std::string why;
+  if (!usable_gpu(&why)) GTEST_SKIP() << "no usable GPU: " << why;
   ASSERT_EQ(s, MXMOE_OK) << mxmoe_last_error();
   EXPECT_EQ(capturing, 0);
 }
@@ -93,10 +100,8 @@ TEST(CApi, DeviceMemory) {
     EXPECT_EQ(p, nullptr);
     return;
   }
-  int32_t ok = 0;
-  char why[256];
-  ASSERT_EQ(mxmoe_cuda_available(0, &ok, why, sizeof why), MXMOE_OK);
-  if (!ok) GTEST_SKIP() << "no usable GPU: " << why;
+  std::string why;
+  if (!usable_gpu(&why)) GTEST_SKIP() << "no usable GPU: " << why;
   ASSERT_EQ(s, MXMOE_OK) << mxmoe_last_error();
   EXPECT_NE(p, nullptr);
   mxmoe_device_free(0, p);
@@ -565,7 +570,7 @@ TEST_F(CApiRoad, CheckpointListReadPrepareConvert) {
       << mxmoe_last_error();
   EXPECT_FALSE(steps.empty());
   expect_invalid(mxmoe_dequantize_checkpoint(path.c_str(), bf16.c_str(), 0, nullptr, nullptr), "output");
-  mxmoe_quantize_options o{MXMOE_RULE_EVEN, MXMOE_DEVICE_CPU, 0, 0, stop_at_two, nullptr};
+  mxmoe_quantize_options o{MXMOE_RULE_EVEN, MXMOE_DEVICE_CPU, 0, 0, stop_at_two, nullptr, 0};
   mxmoe_quantize_report* report = reinterpret_cast<mxmoe_quantize_report*>(1);
   EXPECT_EQ(mxmoe_quantize_checkpoint(bf16.c_str(), again.c_str(), &o, &report), MXMOE_ERR_CANCELLED);
   EXPECT_EQ(report, nullptr);
