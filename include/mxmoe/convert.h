@@ -10,9 +10,10 @@
 //         as cores, fewer when their buffers (about 1.3x the largest matrix each: the bytes read,
 //         one band, the codes and scales) would pass 1.5 GiB (16 workers on gpt-oss shapes take
 //         0.7 GB);
-//   cuda: a pipeline of 3 slots: the calling thread reads a matrix into pinned memory and
-//         submits it (upload, transposition / gate-up interleave and quantization on the GPU,
-//         download: cuda::matrix_pipeline) while a second thread writes finished slots.
+//   cuda: a pipeline of 3 slots: the calling thread reads a matrix into pinned memory (with 3
+//         more threads, in 4 MiB pieces) and submits it (upload, transposition / gate-up
+//         interleave and quantization on the GPU, download: cuda::matrix_pipeline) while a
+//         second thread writes finished slots.
 // The output bytes are the same on both devices and for any number of workers (the statistics too
 // on one device: each matrix's are merged in file order). Other tensors are copied in 64 MiB
 // pieces, also by pread. dequantize_checkpoint reads one expert matrix at a time by pread too.

@@ -99,17 +99,23 @@ MXMOE_HD float e2m1_to_float(uint8_t code) {
   return bits_float(float_bits(mag) | (static_cast<uint32_t>(code & 8u) << 28));
 }
 
+// The magnitude code (0..7) of a magnitude a = |v| that is not NaN: round to nearest, ties to
+// even code, saturate at 6. Tie points: 0.25->0, 0.75->1, 1.25->1, 1.75->2, 2.5->2, 3.5->4, 5->4.
+// The code is the number of tie points below a (`<=` / `<` as the ties go): no branch on the
+// data, which a random block's values would mispredict at almost every element, and no NaN test,
+// so that a loop of it vectorizes (the CPU quantizer's fast path calls it on finite blocks).
+MXMOE_HD uint32_t e2m1_magnitude(float a) {
+  return static_cast<uint32_t>(a > 0.25f) + static_cast<uint32_t>(a >= 0.75f) + static_cast<uint32_t>(a > 1.25f) +
+         static_cast<uint32_t>(a >= 1.75f) + static_cast<uint32_t>(a > 2.5f) + static_cast<uint32_t>(a >= 3.5f) +
+         static_cast<uint32_t>(a > 5.0f);
+}
+
 // Round to nearest, ties to even code, saturate to +-6, sign of zero kept, NaN -> +0.
-// Tie points: 0.25->0, 0.75->1, 1.25->1, 1.75->2, 2.5->2, 3.5->4, 5->4.
 MXMOE_HD uint8_t float_to_e2m1(float v) {
   const uint32_t b = float_bits(v);
   const float a = bits_float(b & 0x7FFFFFFFu);
   if (!(a == a)) return 0;
-  // The code is the number of tie points below |v| (`<=` / `<` as the ties go): no branch on the
-  // data, which a random block's values would mispredict at almost every element.
-  const uint8_t m = static_cast<uint8_t>((a > 0.25f) + (a >= 0.75f) + (a > 1.25f) + (a >= 1.75f) + (a > 2.5f) +
-                                         (a >= 3.5f) + (a > 5.0f));
-  return static_cast<uint8_t>(((b >> 31) << 3) | m);
+  return static_cast<uint8_t>(((b >> 31) << 3) | e2m1_magnitude(a));
 }
 
 MXMOE_HD uint8_t pack_e2m1x2(uint8_t even, uint8_t odd) {

@@ -159,18 +159,10 @@ constexpr int kFastMaxScale = 253;
 
 float pow2_float(int k) { return mx::bits_float(static_cast<uint32_t>(k + 127) << 23); }  // k in [-126, 127]
 
-// mx::float_to_e2m1's magnitude code (the number of tie points below |v|) for a finite |v|, and
-// below the magnitude of a code without mx::e2m1_to_float's select: calling mx:: here keeps the
-// loops scalar (its NaN test): 5x slower, measured. The tests hold both equal to mx:: at every
-// tie point, every bf16 value and every scale byte.
-inline uint32_t e2m1_magnitude(float a) {
-  return static_cast<uint32_t>(a > 0.25f) + static_cast<uint32_t>(a >= 0.75f) + static_cast<uint32_t>(a > 1.25f) +
-         static_cast<uint32_t>(a >= 1.75f) + static_cast<uint32_t>(a > 2.5f) + static_cast<uint32_t>(a >= 3.5f) +
-         static_cast<uint32_t>(a > 5.0f);
-}
-
-// e2m1 magnitude of a magnitude code in half units (0, 1, 2, 3, 4, 6, 8, 12), without a table:
-// the codes step by 0.5 up to 2, by 1 up to 4, then to 6.
+// e2m1 magnitude of a magnitude code in half units (0, 1, 2, 3, 4, 6, 8, 12), without
+// mx::e2m1_to_float's select, which keeps a loop of it scalar: the codes step by 0.5 up to 2, by 1
+// up to 4, then to 6. tests/cpu/test_quantize_block.cpp holds the fast path's results equal to
+// the general path's (mx::e2m1_to_float) for every code and every bf16 value.
 inline uint32_t e2m1_halves(uint32_t m) {
   return m + (m > 4u ? m - 4u : 0u) + (m > 6u ? 2u : 0u);
 }
@@ -183,7 +175,7 @@ float fast_sq_error(const float* x, int scale, int ref) {
   for (int i = 0; i < mx::kBlockSize; ++i) {
     const uint32_t sign = mx::float_bits(x[i]) & 0x80000000u;
     const float a = mx::bits_float(mx::float_bits(x[i] * to_scale) & 0x7FFFFFFFu);
-    const float mag = 0.5f * static_cast<float>(e2m1_halves(e2m1_magnitude(a)));
+    const float mag = 0.5f * static_cast<float>(e2m1_halves(mx::e2m1_magnitude(a)));
     const float q = mx::bits_float(mx::float_bits(mag) | sign) * step;
     const float diff = x[i] * to_ref - q;
     sq[i] = diff * diff;
@@ -234,7 +226,7 @@ inline __attribute__((always_inline)) bool fast_block(const float* x, mx::scale_
   uint32_t clamped = 0, flushed = 0;
   for (int i = 0; i < mx::kBlockSize; ++i) {
     const float a = mx::bits_float(mx::float_bits(x[i] * to_unit) & 0x7FFFFFFFu);
-    const uint32_t m = e2m1_magnitude(a);
+    const uint32_t m = mx::e2m1_magnitude(a);
     codes[i] = ((mx::float_bits(x[i]) >> 31) << 3) | m;
     clamped += a > mx::kE2M1Max ? 1u : 0u;
     flushed += (m == 0u && x[i] != 0.0f) ? 1u : 0u;

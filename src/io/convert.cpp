@@ -16,7 +16,6 @@
 #include <map>
 #include <memory>
 #include <mutex>
-#include <optional>
 #include <set>
 #include <thread>
 
@@ -229,7 +228,8 @@ class stage_profile {
   void print(double wall) const {
     if (!std::getenv("MXMOE_CONVERT_PROFILE")) return;
     std::string line = "mxmoe convert profile (s, summed over threads): wall " + std::to_string(wall);
-    for (int s = 0; s < count; ++s) line += std::string(", ") + kNames[s] + " " + std::to_string(ns_[s].load() * 1e-9);
+    for (int s = 0; s < count; ++s)  // stages this path does not have (the cpu path's read, gpu_wait, ...) left out
+      if (ns_[s].load() > 0) line += std::string(", ") + kNames[s] + " " + std::to_string(ns_[s].load() * 1e-9);
     std::fprintf(stderr, "%s\n", line.c_str());
   }
 
@@ -239,8 +239,9 @@ class stage_profile {
 
 // A few threads that run the pieces of one task together: run(n, fn) calls fn(0) .. fn(n - 1) on
 // the pool's threads and the caller's, returns once all are done and rethrows the first failure.
-// One thread copying between the page cache and memory runs at a fraction of what the host's
-// memory does, so the cuda path reads and writes each matrix in parallel chunks.
+// One thread copying from the page cache runs at a fraction of what the host's memory does, so
+// the cuda path reads each matrix in parallel chunks (writes are not split: one file's buffered
+// writes serialize in the kernel, measured in docs/performance.md).
 class chunk_pool {
  public:
   explicit chunk_pool(int threads) {
@@ -318,7 +319,7 @@ class chunk_pool {
   bool stop_ = false;
 };
 
-constexpr uint64_t kIoChunk = 4u << 20;  // bytes per piece of a parallel read or write
+constexpr uint64_t kIoChunk = 4u << 20;  // bytes per piece of a parallel read
 
 // The pieces of `m`, back to back into `dst`, read in kIoChunk pieces by the pool.
 void read_matrix_parallel(const safetensors_reader& r, const checkpoint::expert_matrix& m, uint8_t* dst, chunk_pool& pool) {
@@ -437,12 +438,10 @@ void quantize_on_cuda(const safetensors_reader& r, const std::vector<matrix_job>
     largest = std::max(largest, j.m.bytes());
     most = std::max(most, j.elements());
   }
-  std::optional<cuda::matrix_pipeline> made;
-  {
+  cuda::matrix_pipeline pipe = [&] {
     stage_profile::timer t(prof, stage_profile::setup);
-    made.emplace(kPipelineSlots, static_cast<size_t>(largest), most);
-  }
-  cuda::matrix_pipeline& pipe = *made;
+    return cuda::matrix_pipeline(kPipelineSlots, static_cast<size_t>(largest), most);
+  }();
   chunk_pool readers(kReaders);
   std::mutex mutex;
   std::condition_variable changed;
