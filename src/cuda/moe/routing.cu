@@ -64,11 +64,14 @@ __device__ __forceinline__ candidate warp_best(candidate c) {
 }
 
 // Top-k of key[] (lane-strided: element lane + 32*q); `allowed` masks experts out.
-// Writes the chosen expert indices, best first, into sel[0..k).
+// Writes the chosen expert indices, best first, into sel[0..k), and returns to lane j < k the key
+// of slot j (the arg-max's own value: a lane never looks a key up by a run-time index, which
+// ptxas turned into a local-memory array and a chain of dependent loads).
 template <int PER_LANE>
-__device__ void warp_topk(const float (&key)[PER_LANE], uint32_t allowed, int experts, int k, int* sel) {
+__device__ float warp_topk(const float (&key)[PER_LANE], uint32_t allowed, int experts, int k, int* sel) {
   const int lane = threadIdx.x & 31;
   uint32_t taken = 0;
+  float mine = 0.0f;
   for (int r = 0; r < k; ++r) {
     candidate c{0.0f, -1};
 #pragma unroll
@@ -78,8 +81,10 @@ __device__ void warp_topk(const float (&key)[PER_LANE], uint32_t allowed, int ex
     }
     c = warp_best(c);
     sel[r] = c.i;
+    if (lane == r) mine = c.v;
     if (c.i >= 0 && (c.i & 31) == lane) taken |= 1u << (c.i >> 5);
   }
+  return mine;
 }
 
 __device__ __forceinline__ float warp_max(float v) {
@@ -93,13 +98,53 @@ __device__ __forceinline__ float warp_sum(float v) {
   return v;
 }
 
+__device__ __forceinline__ float load_logit(const void* __restrict__ logits, bool bf16, int64_t idx) {
+  return bf16 ? bf16_to_float(static_cast<const uint16_t*>(logits)[idx]) : static_cast<const float*>(logits)[idx];
+}
+
+// v of lanes 0, 1, ..., n-1 added in that order (every lane gets the sum): the order a loop over
+// the slots adds them in, so the weights do not depend on how the warp reduces.
+__device__ __forceinline__ float ordered_sum(float v, int n) {
+  float sum = 0.0f;
+  for (int j = 0; j < n; ++j) sum += __shfl_sync(0xFFFFFFFFu, v, j);
+  return sum;
+}
+
+// The two largest of the values added (a value counts twice if added twice); -FLT_MAX, -inf and
+// NaN are never taken, so a group of those scores -FLT_MAX.
+struct top2 {
+  float b1 = -FLT_MAX, b2 = -FLT_MAX;
+  __device__ __forceinline__ void add(float c) {
+    if (c > b1) {
+      b2 = b1;
+      b1 = c;
+    } else if (c > b2) {
+      b2 = c;
+    }
+  }
+};
+
+// A group score (the sum of its top-2 choices) for each group whose members are whole registers
+// of the warp: group size gsize = 32 * regs_per_group, so element lane + 32 q is in group
+// q / regs_per_group. Each lane takes the top 2 of its registers in the group, the warp merges
+// them (the same two values as a pass over the group in order: they are a multiset's two
+// largest). Lane 0 writes group_score[g].
 template <int PER_LANE>
-__device__ __forceinline__ float lane_value(const float (&a)[PER_LANE], int e) {
-  float v = 0.0f;
+__device__ void group_scores_by_register(const float (&choice)[PER_LANE], int regs_per_group, int n_group,
+                                         float* group_score) {
+  for (int g = 0; g < n_group; ++g) {
+    top2 t;
 #pragma unroll
-  for (int q = 0; q < PER_LANE; ++q)
-    if (q == (e >> 5)) v = a[q];
-  return __shfl_sync(0xFFFFFFFFu, v, e & 31);
+    for (int q = 0; q < PER_LANE; ++q)
+      if (q / regs_per_group == g) t.add(choice[q]);
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1) {
+      const float o1 = __shfl_xor_sync(0xFFFFFFFFu, t.b1, off), o2 = __shfl_xor_sync(0xFFFFFFFFu, t.b2, off);
+      t.b2 = fmaxf(fminf(t.b1, o1), fmaxf(t.b2, o2));
+      t.b1 = fmaxf(t.b1, o1);
+    }
+    if ((threadIdx.x & 31) == 0) group_score[g] = t.b1 + t.b2;
+  }
 }
 
 // Per-warp scratch of route_token (shared memory): group choices [E], group scores [n_group],
@@ -131,8 +176,7 @@ __device__ void route_token(const void* __restrict__ logits, bool logits_bf16, c
     const int e = lane + 32 * q;
     float v = -FLT_MAX;
     if (e < experts) {
-      const int64_t idx = static_cast<int64_t>(t) * experts + e;
-      v = logits_bf16 ? bf16_to_float(static_cast<const uint16_t*>(logits)[idx]) : static_cast<const float*>(logits)[idx];
+      v = load_logit(logits, logits_bf16, static_cast<int64_t>(t) * experts + e);
     }
     l[q] = v;
   }
@@ -150,49 +194,52 @@ __device__ void route_token(const void* __restrict__ logits, bool logits_bf16, c
     }
     __syncwarp();
     const int gsize = experts / r.n_group;
-    for (int gi = lane; gi < r.n_group; gi += 32) {  // group score: sum of its top-2 choices
-      float b1 = -FLT_MAX, b2 = -FLT_MAX;
-      for (int e = gi * gsize; e < (gi + 1) * gsize; ++e) {
-        const float c = group_choice[e];
-        if (c > b1) {
-          b2 = b1;
-          b1 = c;
-        } else if (c > b2) {
-          b2 = c;
+    // Every group is kept when topk_group == n_group (Kimi-K2: one group of 384): the group
+    // scores decide nothing then, and computing them cost one lane a serial pass over all E
+    // choices (~30 us of the route kernel at E = 384, ncu, 2026-12-05).
+    uint32_t allowed = 0xFFFFFFFFu;
+    if (r.topk_group < r.n_group) {
+      if (gsize % 32 == 0) {
+        group_scores_by_register(choice, gsize / 32, r.n_group, group_score);
+      } else {
+        for (int gi = lane; gi < r.n_group; gi += 32) {  // group score: sum of its top-2 choices
+          top2 t;
+          for (int e = gi * gsize; e < (gi + 1) * gsize; ++e) t.add(group_choice[e]);
+          group_score[gi] = gsize == 1 ? t.b1 : t.b1 + t.b2;
         }
       }
-      group_score[gi] = gsize == 1 ? b1 : b1 + b2;
-    }
-    __syncwarp();
-    float gkey[PER_LANE];
+      __syncwarp();
+      float gkey[PER_LANE];
 #pragma unroll
-    for (int q = 0; q < PER_LANE; ++q) {
-      const int gi = lane + 32 * q;
-      gkey[q] = gi < r.n_group ? group_score[gi] : -FLT_MAX;
-    }
-    warp_topk(gkey, 0xFFFFFFFFu, r.n_group, r.topk_group, sel);
-    __syncwarp();
-    uint32_t allowed = 0;
+      for (int q = 0; q < PER_LANE; ++q) {
+        const int gi = lane + 32 * q;
+        gkey[q] = gi < r.n_group ? group_score[gi] : -FLT_MAX;
+      }
+      warp_topk(gkey, 0xFFFFFFFFu, r.n_group, r.topk_group, sel);
+      __syncwarp();
+      allowed = 0;
 #pragma unroll
-    for (int q = 0; q < PER_LANE; ++q) {
-      const int gi = (lane + 32 * q) / gsize;
-      bool keep = false;
-      for (int j = 0; j < r.topk_group; ++j) keep |= sel[j] == gi;
-      allowed |= (keep ? 1u : 0u) << q;
+      for (int q = 0; q < PER_LANE; ++q) {
+        const int gi = (lane + 32 * q) / gsize;
+        bool keep = false;
+        for (int j = 0; j < r.topk_group; ++j) keep |= sel[j] == gi;
+        allowed |= (keep ? 1u : 0u) << q;
+      }
+      __syncwarp();
     }
-    __syncwarp();
     warp_topk(choice, allowed, experts, k, sel);
     __syncwarp();
-    float sum = 0.0f;
-    for (int j = 0; j < k; ++j) {
-      const float sj = lane_value(s, sel[j]);
-      sum += sj;
-      if (lane == j) wsel = sj;
-    }
+    // Lane j < k: the sigmoid of slot j's expert, computed from its logit as s[] was (the same
+    // bits; the logit is read again, from the cache, rather than looked up by a run-time index).
+    const int ej = lane < k ? sel[lane] : -1;
+    const float sj = ej >= 0 ? 1.0f / (1.0f + expf(-load_logit(logits, logits_bf16, static_cast<int64_t>(t) * experts + ej)))
+                             : 0.0f;
+    const float sum = ordered_sum(sj, k);
+    wsel = sj;
     if (r.renormalize) wsel /= sum;
     wsel *= r.routed_scaling_factor;
   } else {
-    warp_topk(l, 0xFFFFFFFFu, experts, k, sel);
+    const float lj = warp_topk(l, 0xFFFFFFFFu, experts, k, sel);  // lane j < k: slot j's logit
     __syncwarp();
     if (r.kind == routing_kind::softmax_topk) {
       float mx = -FLT_MAX;
@@ -204,24 +251,17 @@ __device__ void route_token(const void* __restrict__ logits, bool logits_bf16, c
       for (int q = 0; q < PER_LANE; ++q)
         if (lane + 32 * q < experts) den += expf(l[q] - mx);
       den = warp_sum(den);
-      float sum = 0.0f;
-      for (int j = 0; j < k; ++j) {
-        const float p = expf(lane_value(l, sel[j]) - mx) / den;
-        sum += p;
-        if (lane == j) wsel = p;
-      }
+      const float p = expf(lj - mx) / den;
+      const float sum = ordered_sum(p, k);
+      wsel = p;
       if (r.renormalize) wsel /= sum;
     } else {  // topk_softmax: softmax over the k selected logits
-      const float top = lane_value(l, sel[0]);
-      float den = 0.0f;
-      for (int j = 0; j < k; ++j) {
-        const float p = expf(lane_value(l, sel[j]) - top);
-        den += p;
-        if (lane == j) wsel = p;
-      }
-      wsel /= den;
+      const float top = __shfl_sync(0xFFFFFFFFu, lj, 0);
+      const float p = expf(lj - top);
+      wsel = p / ordered_sum(p, k);
     }
   }
+  if (lane >= k) wsel = 0.0f;
   *e_out = lane < k ? sel[lane] : -1;
   *w_out = wsel;
   __syncwarp();  // sel is reused by the warp's next token
