@@ -8,20 +8,17 @@
 //
 // A pipeline stage is kSteps fragment tiles (64 k each) of every warp's K range:
 //   weights (A): each warp's kSteps fragment tiles (a row tile's fragment tiles are contiguous
-//     along K: 2 KB of codes and 128 bytes of scales per stage), in the 8- and 32-token tiles
-//     copied by two cp.async.bulk (codes, scales) that the warp's lane 0 issues, completing on the
-//     warp's mbarrier of the slot (kBulkA); in the 16-token tile, whose third CTA per SM leaves no
-//     shared memory for the barriers, by the warp's lanes with cp.async (16 bytes each, kSteps + 1
-//     copies a lane; no L2 hint: mma.cuh says why). Read back with one 16-byte and one 4-byte
-//     shared load per lane and tile; detail::dequant_fragment turns them into bf16.
+//     along K: 2 KB of codes and 128 bytes of scales per stage) copied by the warp's lanes with
+//     cp.async (16 bytes each, kSteps + 1 copies a lane; no L2 hint: mma.cuh says why) and read back with one
+//     16-byte and one 4-byte shared load per lane and tile; detail::dequant_fragment turns them
+//     into bf16.
 //   activations (B): BN rows x 64 k per fragment tile and K group, gathered with cp.async into
 //     128-byte rows (16-byte chunk c of row r at c ^ (r % 8): ldmatrix reads it without bank
 //     conflicts); rows at or beyond the tile's count are never loaded (the columns they feed are
 //     never stored), the K tail is zero-filled (its weights are zero codes, and 0 * garbage
 //     could be NaN).
 // kStages stages, kStages - 1 in flight (~4.3 KB of weights per warp): one cp.async group per
-// stage and thread (and with kBulkA one mbarrier phase per stage and warp), waited for with
-// cp.async.wait_group (mbarrier.try_wait), so the copies stay in flight across
+// stage and thread, waited for with cp.async.wait_group, so the copies stay in flight across
 // loop iterations. (Loads into registers do not: ptxas waits for every outstanding load at a
 // loop head, which drained a register ring every trip — measured at ~50% of the copy rate.)
 // mma.sync.m16n8k16 per 8-token block in use (the tile's count, rounded up to 8).
@@ -56,7 +53,6 @@
 #include "kernels.h"
 #include "mma.cuh"
 #include "pdl.cuh"
-#include "prefill_pipeline.cuh"
 
 namespace mxmoe::cuda::sm90 {
 
@@ -90,26 +86,14 @@ struct decode_shape {
   static_assert(chunks(1) * kTileStride == kSteps, "chunks cover a stage");
   static constexpr int b_stage_bytes(int k_groups) { return k_groups * kSteps * BN * kRowBytes; }
   static constexpr int stage_bytes(int k_groups) { return kAStageBytes + b_stage_bytes(k_groups); }
-  // The weights of a warp's stage by two cp.async.bulk (codes, scales) that its lane 0 issues,
-  // completing on the warp's mbarrier of the slot, instead of kSteps + 1 cp.async per lane; not in
-  // the 16-token tile: its third CTA per SM leaves no shared memory for the barriers.
-  static constexpr bool kBulkA = NT != 2;
-  static constexpr int kBarrierBytes = kBulkA ? kWarps * kStages * 8 : 0;
-  static constexpr int rows_bytes() { return kRowsInRing ? 0 : 2 * BN * 4; }  // the tile rows after the ring
   static constexpr int smem_bytes(int k_groups) {
-    return kStages * stage_bytes(k_groups) + rows_bytes() + kBarrierBytes;
+    return kStages * stage_bytes(k_groups) + (kRowsInRing ? 0 : 2 * BN * 4);
   }
   static_assert(!kRowsInRing || b_stage_bytes(1) >= 2 * BN * 4, "the rows fit in a slot's B part");
   static_assert(kAStageBytes % 128 == 0, "B stages stay 128-byte aligned");
 };
 
 namespace detail {
-
-// cp.async.bulk of `bytes` (a multiple of 16, both addresses 16-byte aligned) into this CTA's
-// shared memory, completing on `bar`.
-__device__ __forceinline__ void bulk_copy(void* smem_dst, const void* src, uint32_t bytes, uint64_t* bar) {
-  ::cuda::ptx::cp_async_bulk(::cuda::ptx::space_cluster, ::cuda::ptx::space_global, smem_dst, src, bytes, bar);
-}
 
 // GEMM1 of a forward whose GEMM2 folds the combine in: every thread of the grid clears its share
 // of the counters (kernels.h, decode_combine).
@@ -247,37 +231,16 @@ __global__ void __launch_bounds__(S::kThreads, S::kMinBlocks)
   // each of the kSteps tiles, and lanes < 2 * kSteps 16 of the stage's kSteps * 32 scale bytes.
   // The copy state advances one stage per call (a_left <= 0: nothing left to copy); only the K
   // range's last stage can be partial, and only it tests each copy (a_left is warp-uniform).
-  // kBulkA: lane 0 copies the warp's whole stage (a_src, s_src without the lane's offset).
   const int64_t tile0 = static_cast<int64_t>(rt) * col_tiles + kt0;
-  const int lane_off = S::kBulkA ? 0 : lane * 16;
-  const uint8_t* a_src = w.codes + td.expert * w.expert_code_stride + tile0 * 512 + lane_off;
-  const uint8_t* s_src = w.scales + td.expert * w.expert_scale_stride + tile0 * 32 + lane_off;
+  const uint8_t* a_src = w.codes + td.expert * w.expert_code_stride + tile0 * 512 + lane * 16;
+  const uint8_t* s_src = w.scales + td.expert * w.expert_scale_stride + tile0 * 32 + lane * 16;
   const uint32_t a_dst = smem_u32 + warp * S::kAWarpBytes + lane * 16;
-  // kBulkA: the warp's mbarrier per slot, after the ring (and the tile rows).
-  uint64_t* a_bar = reinterpret_cast<uint64_t*>(smem + S::kStages * kStageBytes + S::rows_bytes()) + warp * S::kStages;
-  if constexpr (S::kBulkA) {
-    if (active && lane == 0) {
-#pragma unroll
-      for (int i = 0; i < S::kStages; ++i) detail::barrier_init(a_bar + i, 1);
-      detail::barrier_init_fence();
-    }
-    __syncwarp();
-  }
   // The stage's fragment tile whose scale bytes this lane copies (lanes >= 2 * kSteps copy none).
   const bool s_lane = lane < 2 * S::kSteps;
   const int s_tile = s_lane ? lane / 2 : 1 << 30;
   int a_left = active ? nk : 0;
-  auto load_a_stage = [&](uint32_t slot, int slot_index) {
-    if constexpr (S::kBulkA) {
-      if (a_left > 0 && lane == 0) {
-        const uint32_t tiles = a_left < S::kSteps ? a_left : S::kSteps;
-        uint64_t* bar = a_bar + slot_index;
-        uint8_t* dst = smem + warp * S::kAWarpBytes + slot;
-        detail::arrive_expect_bytes(bar, tiles * (512 + 32));
-        detail::bulk_copy(dst, a_src, tiles * 512, bar);
-        detail::bulk_copy(dst + S::kCodeBytes, s_src, tiles * 32, bar);
-      }
-    } else if (a_left >= S::kSteps) {
+  auto load_a_stage = [&](uint32_t slot) {
+    if (a_left >= S::kSteps) {
 #pragma unroll
       for (int i = 0; i < S::kSteps; ++i) detail::cp_async_16_shared(a_dst + slot + i * 512, a_src + i * 512);
       if (s_lane) detail::cp_async_16_shared(a_dst + slot + S::kCodeBytes, s_src);
@@ -292,13 +255,11 @@ __global__ void __launch_bounds__(S::kThreads, S::kMinBlocks)
     a_left -= S::kSteps;
   };
   uint32_t load_slot = 0;
-  int load_index = 0;  // load_slot / kStageBytes
 #pragma unroll
   for (int s = 0; s < S::kStages - 1; ++s) {
-    load_a_stage(load_slot, s);
+    load_a_stage(load_slot);
     load_slot = next_slot(load_slot);
   }
-  load_index = S::kStages - 1;
   if (early_weights) detail::wait_for_previous_grid();
   detail::allow_dependent_launch();
 
@@ -372,28 +333,18 @@ __global__ void __launch_bounds__(S::kThreads, S::kMinBlocks)
     for (int q = 0; q < 4; ++q) acc[n][q] = 0.0f;
 
   uint32_t use_slot = 0;
-  detail::ring_pos<S::kStages> use;  // kBulkA: the slot's mbarrier and the parity of its use
   for (int st = 0; st < num_stages; ++st) {
     cute::cp_async_wait<S::kStages - 2>();
-    // Stage st's B is in (and, without kBulkA, its A); every warp is done with stage st - 1, whose
-    // slot is refilled.
-    __syncthreads();
+    __syncthreads();  // stage st is in; every warp is done with stage st - 1, whose slot is refilled
     if (st + S::kStages - 1 < num_stages) {
-      load_a_stage(load_slot, load_index);
+      load_a_stage(load_slot);
       load_b_stage(load_slot);
     }
     cute::cp_async_fence();
     load_slot = next_slot(load_slot);
-    load_index = load_index + 1 == S::kStages ? 0 : load_index + 1;
     const uint32_t slot = use_slot;
     use_slot = next_slot(use_slot);
-    const detail::ring_pos<S::kStages> now = use;
-    use.advance();
     if (!active) continue;
-    const int tiles = nk - st * S::kSteps;  // 0 in the last stage of a K group one tile shorter
-    if constexpr (S::kBulkA) {
-      if (tiles > 0) detail::wait_full(a_bar + now.slot, now.phase);
-    }
     // Fragment tile i of the stage: dequantize, then one mma per 8-token block in use.
     auto consume_tile = [&](int i) {
       uint32_t a[4][4];
@@ -413,15 +364,13 @@ __global__ void __launch_bounds__(S::kThreads, S::kMinBlocks)
                                                     b[j][0], b[j][1], c[0], c[1], c[2], c[3]);
       }
     };
+    const int tiles = nk - st * S::kSteps;  // >= 1
     if (tiles >= S::kSteps) {
 #pragma unroll
       for (int i = 0; i < S::kSteps; ++i) consume_tile(i);
     } else {
       for (int i = 0; i < tiles; ++i) consume_tile(i);  // the K range's last, partial stage
     }
-    // The copy engine refills this slot after the next barrier: order this thread's reads of it
-    // before those writes (generic proxy, then async proxy).
-    if constexpr (S::kBulkA) detail::fence_reads_before_copies();
   }
   cute::cp_async_wait<0>();
   __syncthreads();  // the stages are free: the K groups' partial sums go there
