@@ -53,7 +53,7 @@ if has tests; then
 fi
 if has sanitize; then
   # Small cases only: the sanitizers slow kernels down 10-100x.
-  FILTER='*tiny_silu*:*odd_k_swiglu_bias*:GpuMoeRouting.*:GpuMoeGraph.*:GpuMoePrefillSanitize.*:GpuQuantize*Small*:*MseClose*bf16*:*AsyncStatistics*:*Bad*:GpuConvert.*:GpuParallelMap.*:GpuParallelTp.*:GpuParallelLocal.*'
+  FILTER='*tiny_silu*:*odd_k_swiglu_bias*:GpuMoeRouting.*:GpuMoeGraph.*:GpuMoeCombine.*:GpuMoePrefillSanitize.*:GpuQuantize*Small*:*MseClose*bf16*:*AsyncStatistics*:*Bad*:GpuConvert.*:GpuParallelMap.*:GpuParallelTp.*:GpuParallelLocal.*'
   for tool in memcheck racecheck; do
     step "compute-sanitizer $tool"
     f=$FILTER

@@ -51,7 +51,10 @@ TEST_P(GpuMoe, MatchesReferenceAtEveryTileResidue) {
 // tiles and a long K, so that the decode GEMM splits K over 2 and 4 warp groups (unevenly: 33
 // fragment tiles) at T <= 16, in GEMM1 and in GEMM2 respectively; decode_split_k_16_tokens (4.5
 // to 20 pairs per expert) splits both GEMMs over 2 groups in 16-token tiles (T = 12, 17, 20; T = 9:
-// 8-token tiles, GEMM2 over 4 groups) and runs 32-token tiles, unsplit, at T = 40.
+// 8-token tiles, GEMM2 over 4 groups) and runs 32-token tiles, unsplit, at T = 40. The largest
+// decode sizes: max_experts_max_topk at T = 512 and largest_decode_tokens at T = 8192 (8192 pairs,
+// 16 per expert: the decode GEMM and its fused combine at the most tokens it takes; one more token
+// takes the four-step path).
 INSTANTIATE_TEST_SUITE_P(
     Shapes, GpuMoe,
     testing::Values(
@@ -70,7 +73,9 @@ INSTANTIATE_TEST_SUITE_P(
         shape_case{"max_tokens", 8, 64, 32, 2, routing_kind::softmax_topk, activation_kind::silu_mul,
                    layout::gate_up_order::concatenated, false, {65536}},
         shape_case{"max_experts_max_topk", 512, 64, 32, 16, routing_kind::softmax_topk, activation_kind::silu_mul,
-                   layout::gate_up_order::concatenated, true, {1, 40, 3000}},
+                   layout::gate_up_order::concatenated, true, {1, 40, 512, 3000}},
+        shape_case{"largest_decode_tokens", 512, 128, 64, 1, routing_kind::softmax_topk, activation_kind::silu_mul,
+                   layout::gate_up_order::interleaved, true, {8192, 8193}},
         shape_case{"decode_split_k_gemm1", 8, 2080, 96, 2, routing_kind::topk_softmax, activation_kind::swiglu_clamped,
                    layout::gate_up_order::interleaved, true, {1, 3, 8, 9, 16, 17, 40}},
         shape_case{"decode_split_k_gemm2", 8, 64, 2080, 1, routing_kind::softmax_topk, activation_kind::silu_mul,
@@ -237,7 +242,8 @@ TEST(GpuMoeGraph, CapturedForwardReplaysWithNewInputs) {
 
 // Forwards enqueued back to back on one stream with one workspace: each kernel is a programmatic
 // dependent of the previous one, so the second forward's routing may start while the first one's
-// combine still reads the workspace; it must wait. Both outputs must match the reference.
+// GEMM2 (and the combine it folds in) still uses the workspace; it must wait. Every output must
+// match the reference.
 TEST(GpuMoeGraph, BackToBackForwardsShareTheWorkspace) {
   std::mt19937 rng(21);
   const moe_config cfg = make_cfg(16, 352, 224, 4, routing_kind::softmax_topk, activation_kind::silu_mul,
