@@ -53,7 +53,7 @@ TEST_P(GpuMoe, MatchesReferenceAtEveryTileResidue) {
 // to 20 pairs per expert) splits both GEMMs over 2 groups in 16-token tiles (T = 12, 17, 20; T = 9:
 // 8-token tiles, GEMM2 over 4 groups) and runs 32-token tiles, unsplit, at T = 40. The largest
 // decode sizes: max_experts_max_topk at T = 512 and largest_decode_tokens at T = 8192 (8192 pairs,
-// 16 per expert: the decode GEMM and its fused combine at the most tokens it takes; one more token
+// 16 per expert: the decode GEMM at the most tokens it takes; one more token
 // takes the four-step path).
 INSTANTIATE_TEST_SUITE_P(
     Shapes, GpuMoe,
@@ -242,8 +242,7 @@ TEST(GpuMoeGraph, CapturedForwardReplaysWithNewInputs) {
 
 // Forwards enqueued back to back on one stream with one workspace: each kernel is a programmatic
 // dependent of the previous one, so the second forward's routing may start while the first one's
-// GEMM2 (and the combine it folds in) still uses the workspace; it must wait. Every output must
-// match the reference.
+// combine still reads the workspace; it must wait. Every output must match the reference.
 TEST(GpuMoeGraph, BackToBackForwardsShareTheWorkspace) {
   std::mt19937 rng(21);
   const moe_config cfg = make_cfg(16, 352, 224, 4, routing_kind::softmax_topk, activation_kind::silu_mul,

@@ -2,8 +2,8 @@
 // routing-weighted expert outputs GEMM2 wrote (combine.cuh's combine_vector). A fixed order keeps
 // the layer deterministic (no atomics on the output). Dropped slots (id -1) contribute nothing.
 // Each thread owns 8 consecutive hidden values: 16-byte loads and stores. A programmatic dependent
-// of GEMM2 (pdl.cuh). Runs where GEMM2 does not fold the combine in (every path but decode:
-// kernels.h, decode_combine).
+// of GEMM2 (pdl.cuh). (Folding it into GEMM2, the last CTA of a token summing, was measured
+// slower: docs/performance.md, 2026-12-05.)
 #include <cuda_runtime.h>
 
 #include "check.h"
@@ -23,7 +23,7 @@ __global__ void combine_kernel(int64_t tokens, int top_k, int64_t hidden, const 
   if (i >= tokens * vecs) return;
   const int64_t t = i / vecs, v = i % vecs;
   const uint32_t mask = detail::valid_slots(ids, t, top_k);
-  *reinterpret_cast<uint4*>(out + t * hidden + v * 8) = detail::combine_vector<false>(ybuf, t * top_k, mask, hidden, v * 8);
+  *reinterpret_cast<uint4*>(out + t * hidden + v * 8) = detail::combine_vector(ybuf, t * top_k, mask, hidden, v * 8);
 }
 
 }  // namespace

@@ -1,8 +1,7 @@
 // moe/combine.cuh — the one definition of a combined output vector: 8 consecutive hidden values of
 // token t, out[t, col .. col + 8) = the float sum, in slot order, of the routing-weighted expert
-// outputs ybuf[t*k + j, col .. col + 8) of its valid slots j, rounded to bf16 once. Used by
-// combine_kernel (combine.cu) and by the decode GEMM2's fused combine (gemm_decode.cuh), so both
-// give bitwise the same output. A fixed order: deterministic (no atomics on the output).
+// outputs ybuf[t*k + j, col .. col + 8) of its valid slots j, rounded to bf16 once (combine.cu).
+// A fixed order: deterministic (no atomics on the output).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -21,14 +20,13 @@ __device__ __forceinline__ uint32_t valid_slots(const int32_t* ids, int64_t t, i
   return mask;
 }
 
-// The bf16x8 vector of out[t, col ..) (col a multiple of 8; pair0 = t*k). kFromL2: ybuf rows were
-// written by other CTAs of the running kernel, so they are read from L2 (ld.global.cg), never from
-// a possibly stale L1 line. The loads are issued kBatch slots at a time (one round trip for top-8
-// routing); the adds stay in slot order.
-template <bool kFromL2>
+// The bf16x8 vector of out[t, col ..) (col a multiple of 8; pair0 = t*k). The loads are issued
+// kBatch slots at a time, the adds stay in slot order: one memory round trip for top-8 routing,
+// where a load per slot after the previous one's add cost k round trips (4-6 us at T = 1 under
+// ncu, docs/performance.md, 2026-12-05).
 __device__ __forceinline__ uint4 combine_vector(const uint16_t* ybuf, int64_t pair0, uint32_t mask, int64_t hidden,
                                                 int64_t col) {
-  constexpr int kBatch = 4;  // 8 took the 8-token GEMM2 past the 80 registers of 3 CTAs per SM
+  constexpr int kBatch = 8;
   float acc[8] = {};
   while (mask != 0) {
     uint4 y[kBatch];
@@ -39,7 +37,7 @@ __device__ __forceinline__ uint4 combine_vector(const uint16_t* ybuf, int64_t pa
       const int j = __ffs(mask) - 1;
       mask &= mask - 1;
       const uint4* src = reinterpret_cast<const uint4*>(ybuf + (pair0 + j) * hidden + col);
-      y[u] = kFromL2 ? __ldcg(src) : *src;
+      y[u] = *src;
       n = u + 1;
     }
 #pragma unroll

@@ -1,6 +1,5 @@
 // moe/gemm_decode.cu — the decode GEMM (gemm_decode.cuh) for 8, 16 and 32 tokens per tile: the
 // host picks the smallest that holds every tile (a tile has at most T pairs).
-#include <algorithm>
 #include <string>
 
 #include "check.h"
@@ -14,10 +13,12 @@ namespace {
 template <class S, int KG>
 void launch_decode_groups(const gemm_launch& l, const gemm_weights& w, const uint16_t* b_rows, const moe_workspace& ws,
                           int top_k, epilogue_kind ep, const activation_config& act, cudaStream_t stream) {
-  const dim3 grid(static_cast<unsigned>(decode_row_blocks(w.rows, KG)), static_cast<unsigned>(l.max_tiles));
+  const layout::sm90_fragment frag{w.rows, w.cols};
+  const dim3 grid(static_cast<unsigned>(layout::ceil_div(frag.row_tiles(), S::kWarps / KG)),
+                  static_cast<unsigned>(l.max_tiles));
   auto* kernel = w.scales_in_range ? moe_gemm_decode_kernel<S, KG, true> : moe_gemm_decode_kernel<S, KG, false>;
   launch_pdl(kernel, grid, dim3(S::kThreads), static_cast<size_t>(S::smem_bytes(KG)), stream, l.dependent, w, b_rows,
-             ws, top_k, ep, act, l.early_weights, l.combine);
+             ws, top_k, ep, act, l.early_weights);
 }
 
 template <class S>
@@ -28,22 +29,6 @@ void launch_decode(const gemm_launch& l, const gemm_weights& w, const uint16_t* 
                   std::to_string(l.k_groups));
   MXMOE_CHECK_ARG(l.max_tiles >= 1 && l.max_tiles <= 65535, "gemm_launch.max_tiles", "in [1, 65535]",
                   std::to_string(l.max_tiles));
-  const decode_combine& fc = l.combine;
-  if (fc.out != nullptr) {  // gemm_decode.cuh, "Fused combine"
-    MXMOE_CHECK_ARG(fc.done != nullptr && fc.tokens >= 1 && fc.row_blocks >= 1, "gemm_launch.combine",
-                    "counters, tokens and row blocks", "a null counter array or an empty shape");
-    // Each grid row checks at most 32 tokens (one per lane of a warp) for empty rows.
-    MXMOE_CHECK_ARG(fc.tokens <= 32 * l.max_tiles, "gemm_launch.combine.tokens",
-                    "at most 32 * max_tiles = " + std::to_string(32 * l.max_tiles), std::to_string(fc.tokens));
-    // GEMM1 clears the counters after its wait; GEMM2 counts in its own row blocks.
-    if (ep == epilogue_kind::gate_up_activation)
-      MXMOE_CHECK_ARG(!l.early_weights, "gemm_launch.early_weights", "false for the GEMM1 of a fused combine",
-                      "true");
-    else
-      MXMOE_CHECK_ARG(fc.row_blocks == decode_row_blocks(w.rows, l.k_groups), "gemm_launch.combine.row_blocks",
-                      std::to_string(decode_row_blocks(w.rows, l.k_groups)) + " (GEMM2's row blocks)",
-                      std::to_string(fc.row_blocks));
-  }
   switch (l.k_groups) {
     case 1: launch_decode_groups<S, 1>(l, w, b_rows, ws, top_k, ep, act, stream); break;
     case 2:
@@ -98,11 +83,6 @@ cudaError_t allow_gemm_smem_decode() {
 }
 
 int decode_tokens_per_tile_max() { return decode_32::BN; }
-
-int64_t combine_counter_count(int64_t tokens, int top_k, int64_t hidden) {
-  static_assert(decode_8::kMaxGroups == kDecodeMaxGroups, "the 8-token tile splits K the most");
-  return std::min<int64_t>(tokens, kPlanMaxPairs / top_k) * decode_row_blocks(hidden, kDecodeMaxGroups);
-}
 
 int decode_ctas_per_sm() {
   int n = 0;

@@ -27,15 +27,8 @@
 //
 // Launched as a programmatic dependent (pdl.cuh): GEMM2 (early_weights) reads its tile and starts
 // copying weights before waiting for GEMM1.
-//
-// Fused combine (kernels.h, decode_combine; fused_combine below): GEMM1 clears the counters; each
-// GEMM2 CTA, after storing its ybuf rows (pairs of its tile x its row block), fences and bumps the
-// counter [token][row block] of each of its pairs; the CTA whose increment completes a token's
-// valid slots sums that token's rows of the block (combine.cuh, exactly as combine.cu) into out.
-// The CTAs of grid row y (tiles or none) also write, in their row block, the zero rows of the
-// tokens y + i * gridDim.y (i < 32) that have no valid slot: no tile holds them.
 // Limits: K a multiple of 32; rows a multiple of 16; B rows 16-byte aligned; the tile list from
-// the one-CTA plan (at most 65535 tiles); fused combine: tokens <= 32 * the tile bound (grid y).
+// the one-CTA plan (at most 65535 tiles).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -47,7 +40,6 @@
 
 #include "mxmoe/layout.h"
 
-#include "combine.cuh"
 #include "dequant.cuh"
 #include "epilogue.cuh"
 #include "kernels.h"
@@ -63,7 +55,7 @@ struct decode_shape {
   static constexpr int kWarps = kDecodeWarps, kThreads = kWarps * 32;
   static constexpr int kSteps = 4;                 // fragment tiles per stage and warp
   static constexpr int kStages = 3;                // stages, kStages - 1 in flight
-  static constexpr int kMaxGroups = kDecodeMaxGroups / NT;  // so that k_groups * BN <= 32
+  static constexpr int kMaxGroups = 4 / NT;        // so that k_groups * BN <= 32
   // CTAs per SM the registers are bounded for. The 16-token CTA fits 3 per SM (77 registers,
   // 3 x 75 KB of shared memory) only when its tile rows live in the ring (kRowsInRing); the
   // 8-token one fits 3 with 79 registers as it is; the 32-token one 2.
@@ -93,89 +85,6 @@ struct decode_shape {
   static_assert(kAStageBytes % 128 == 0, "B stages stay 128-byte aligned");
 };
 
-namespace detail {
-
-// GEMM1 of a forward whose GEMM2 folds the combine in: every thread of the grid clears its share
-// of the counters (kernels.h, decode_combine).
-__device__ __forceinline__ void clear_combine_counters(const decode_combine& fc) {
-  const int64_t n = static_cast<int64_t>(fc.tokens) * fc.row_blocks;
-  const int64_t stride = static_cast<int64_t>(gridDim.x) * gridDim.y * blockDim.x;
-  for (int64_t i = (static_cast<int64_t>(blockIdx.y) * gridDim.x + blockIdx.x) * blockDim.x + threadIdx.x; i < n;
-       i += stride)
-    fc.done[i] = 0;
-}
-
-__device__ __forceinline__ void fence_acq_rel_gpu() { asm volatile("fence.acq_rel.gpu;" ::: "memory"); }
-
-inline constexpr int kCombineListInts = 2 * 64 + 1;  // fused_combine's list in shared memory
-
-// GEMM2's fused combine, by every thread of a CTA of row block blockIdx.x (kRows rows of `hidden`)
-// once its ybuf stores are issued (a CTA without a tile: count 0). row_pair[r]: the pair of tile
-// row r < count. `list`: kCombineListInts ints of shared memory nothing else uses from here on.
-// Warp 0, lane r: tile row r's token (its counter) and token blockIdx.y + r * gridDim.y (its zero
-// rows when it has no valid slot); the tokens this CTA completes or finds empty go to `list`, and
-// the whole CTA then writes their 8-row vectors.
-template <int kRows>
-__device__ __forceinline__ void fused_combine(const decode_combine& fc, const moe_workspace& ws, int top_k,
-                                              int64_t hidden, int count, const int* row_pair, int* list) {
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  int* list_tok = list;
-  uint32_t* list_mask = reinterpret_cast<uint32_t*>(list + 64);
-  int* list_n = list + 128;
-  int tile_t = -1, duty_t = -1;
-  uint32_t tile_mask = 0, duty_mask = 0;
-  if (warp == 0) {  // ids were written by the plan: loads issued before the barrier, used after it
-    if (lane < count) {
-      tile_t = row_pair[lane] / top_k;
-      tile_mask = valid_slots(ws.ids, tile_t, top_k);
-    }
-    const int64_t d = blockIdx.y + static_cast<int64_t>(lane) * gridDim.y;
-    if (d < fc.tokens) {
-      duty_t = static_cast<int>(d);
-      duty_mask = valid_slots(ws.ids, d, top_k);
-    }
-  }
-  __syncthreads();  // every ybuf store of the CTA is issued; `list` is free
-  if (warp == 0) {
-    bool last = false;
-    if (tile_t >= 0) {
-      // Release: the CTA's stores, ordered before this lane by the barrier, are visible GPU-wide
-      // before the increment (the pattern of CUTLASS's semaphores: fence.acq_rel.gpu, then a
-      // relaxed atomic; __threadfence would be fence.sc, slower and not needed).
-      fence_acq_rel_gpu();
-      last = atomicAdd(fc.done + tile_t * fc.row_blocks + blockIdx.x, 1) + 1 == __popc(tile_mask);
-      // Acquire: the other CTAs' stores, released before their increments, before our reads.
-      if (last) fence_acq_rel_gpu();
-    }
-    const bool empty = duty_t >= 0 && duty_mask == 0;
-    const uint32_t last_bits = __ballot_sync(0xFFFFFFFFu, last), empty_bits = __ballot_sync(0xFFFFFFFFu, empty);
-    const uint32_t below = (1u << lane) - 1u;
-    if (last) {
-      const int i = __popc(last_bits & below);
-      list_tok[i] = tile_t;
-      list_mask[i] = tile_mask;
-    }
-    if (empty) {
-      const int i = __popc(last_bits) + __popc(empty_bits & below);
-      list_tok[i] = duty_t;
-      list_mask[i] = 0;  // no slot: combine_vector gives bf16 +0, as combine.cu does
-    }
-    if (lane == 0) *list_n = __popc(last_bits) + __popc(empty_bits);
-  }
-  __syncthreads();
-  const int n = *list_n;
-  const int64_t row0 = static_cast<int64_t>(blockIdx.x) * kRows;
-  const int vecs = static_cast<int>(min(static_cast<int64_t>(kRows), hidden - row0) / 8);
-  for (int u = threadIdx.x; u < n * vecs; u += blockDim.x) {
-    const int i = u / vecs;
-    const int64_t t = list_tok[i], col = row0 + (u % vecs) * 8;
-    *reinterpret_cast<uint4*>(fc.out + t * hidden + col) =
-        combine_vector<true>(ws.ybuf, t * top_k, list_mask[i], hidden, col);
-  }
-}
-
-}  // namespace detail
-
 using decode_8 = decode_shape<1>;
 using decode_16 = decode_shape<2>;
 using decode_32 = decode_shape<4>;
@@ -185,7 +94,7 @@ using decode_32 = decode_shape<4>;
 template <class S, int KG, bool kScalesInRange>
 __global__ void __launch_bounds__(S::kThreads, S::kMinBlocks)
     moe_gemm_decode_kernel(gemm_weights w, const uint16_t* __restrict__ b_rows, moe_workspace ws, int top_k,
-                           epilogue_kind ep, activation_config act, bool early_weights, decode_combine fc) {
+                           epilogue_kind ep, activation_config act, bool early_weights) {
   static_assert(KG >= 1 && KG <= S::kMaxGroups && S::kWarps % KG == 0, "1, 2 or 4 K groups of whole warps");
   // The K groups are a template parameter so that a thread's B chunks of groups that do not exist
   // (and their copy state) are no code at all: the per-stage copy bookkeeping, not the tensor
@@ -213,17 +122,8 @@ __global__ void __launch_bounds__(S::kThreads, S::kMinBlocks)
   const uint32_t smem_u32 = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
   auto next_slot = [](uint32_t off) { return off + kStageBytes == S::kStages * kStageBytes ? 0u : off + kStageBytes; };
 
-  const bool fuse = ep == epilogue_kind::weighted_down && fc.out != nullptr;  // GEMM2 combines
   if (!early_weights) detail::wait_for_previous_grid();
-  // GEMM1 (launched without early_weights: after its wait) clears the fused combine's counters.
-  if (ep == epilogue_kind::gate_up_activation && fc.out != nullptr) detail::clear_combine_counters(fc);
-  if (static_cast<int>(blockIdx.y) >= __ldcg(ws.num_tiles)) {
-    if (fuse) {  // no tile, but this grid row's tokens without a valid slot
-      if (early_weights) detail::wait_for_previous_grid();
-      detail::fused_combine<kWarpsM * 16>(fc, ws, top_k, w.rows, 0, nullptr, reinterpret_cast<int*>(smem));
-    }
-    return;
-  }
+  if (static_cast<int>(blockIdx.y) >= __ldcg(ws.num_tiles)) return;
   const int* tdp = reinterpret_cast<const int*>(ws.tiles + blockIdx.y);
   const tile_desc td{__ldcg(tdp), __ldcg(tdp + 1), __ldcg(tdp + 2)};
 
@@ -396,11 +296,6 @@ __global__ void __launch_bounds__(S::kThreads, S::kMinBlocks)
     __syncthreads();
   }
   if (wk == 0 && active) detail::store_row_tile<S::NT>(acc, rt, 0, td, row_pair, w, ws, ep, act);
-  // The list goes to the start of the ring: the K groups' partial sums there are read by now, and
-  // the tile rows live at its end.
-  static_assert(S::kAStageBytes >= detail::kCombineListInts * 4, "the list fits in stage 0's A part");
-  if (fuse)
-    detail::fused_combine<kWarpsM * 16>(fc, ws, top_k, w.rows, td.count, row_pair, reinterpret_cast<int*>(smem));
 }
 
 }  // namespace mxmoe::cuda::sm90

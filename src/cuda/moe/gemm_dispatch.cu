@@ -1,7 +1,6 @@
 // Picks one of the GEMM instantiations (gemm_instances.h) at run time.
 #include "check.h"
 #include "gemm_instances.h"
-#include "mxmoe/error.h"
 
 namespace mxmoe::cuda::sm90 {
 
@@ -26,8 +25,6 @@ void prepare_gemm_kernels() {
 
 void launch_gemm(const gemm_launch& l, const gemm_weights& w, const uint16_t* b_rows, const moe_workspace& ws,
                  int top_k, epilogue_kind ep, const activation_config& act, cudaStream_t stream) {
-  MXMOE_CHECK_ARG(l.combine.out == nullptr || l.config == gemm_config::decode, "gemm_launch.combine",
-                  "unset except for the decode GEMM (the only one that folds the combine in)", "set");
   switch (l.config) {
     case gemm_config::decode: launch_gemm_decode(l, w, b_rows, ws, top_k, ep, act, stream); break;
     case gemm_config::legacy_decode: launch_gemm_legacy_decode(l, w, b_rows, ws, top_k, ep, act, stream); break;

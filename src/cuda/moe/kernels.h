@@ -1,6 +1,6 @@
 // Internal interface between the MoE host launcher (moe_layer.cu) and the sm_90a device code:
 // routing + scheduling (routing.cu), weight repacking (repack.cu), the grouped
-// GEMMs (gemm_*.cu) and the combine (combine.cu, or folded into the decode GEMM2).
+// GEMMs (gemm_*.cu) and the combine (combine.cu).
 //
 // Data flow of one forward (T tokens, k slots, E experts; "pair" p = t*k + j):
 //   routing and schedule -> ids[p], weights[p]; offsets[e] (exclusive scan of the pairs per
@@ -13,7 +13,6 @@
 //   GEMM1 (+act)        -> act[s, I] bf16 for sorted position s
 //   GEMM2 (*w, +b2)     -> ybuf[p, H] bf16 (routing weight applied)
 //   combine             -> out[t, H] = sum_j ybuf[t*k + j]   (fixed order: deterministic)
-//                           decode path: inside GEMM2 (decode_combine below); else combine.cu
 // Every kernel but the four-step routing is a programmatic dependent launch (pdl.cuh).
 // The order of pairs inside an expert comes from atomics and may differ between calls; the
 // result does not, since every output column of an mma is computed independently of the others.
@@ -46,7 +45,6 @@ struct moe_workspace {
   int32_t* sorted;      // [T*k]
   uint16_t* act;        // [T*k, I] bf16
   uint16_t* ybuf;       // [T*k, H] bf16
-  int32_t* combine_done;  // [combine_counter_count(T, k, H)]: decode_combine's counters
 };
 
 // Weights of one GEMM in the sm90 fragment layout, all experts back to back.
@@ -77,32 +75,6 @@ enum class epilogue_kind : int { gate_up_activation, weighted_down };
 enum class gemm_config : int { decode, mid, large, legacy_decode, prefill_narrow, prefill_wide };
 int gemm_tokens_per_tile(gemm_config c);  // BN (for decode: the largest, 32)
 
-// Warps per decode CTA; a CTA covers 16 * kDecodeWarps / k_groups weight rows.
-inline constexpr int kDecodeWarps = 8;
-inline constexpr int kDecodeMaxGroups = 4;  // k_groups of the 8-token tile; 32 / BN in general
-// Row blocks of a decode GEMM over `rows` weight rows: its CTAs along the rows (its grid's x).
-inline int64_t decode_row_blocks(int64_t rows, int k_groups) {
-  return layout::ceil_div(layout::ceil_div(rows, 16), kDecodeWarps / k_groups);
-}
-
-// The combine folded into the decode GEMM2 (gemm_decode.cuh, "Fused combine"): out[t, rows of a
-// row block] is summed, exactly as combine.cu does, by the GEMM2 CTA whose counter increment
-// completes token t's valid slots for that block (counter [t][block], bumped after the CTA's ybuf
-// rows are stored and fenced). GEMM1's CTAs clear the counters (the workspace is caller memory,
-// arbitrary and reused between layers); GEMM2 touches them only after its griddepcontrol.wait,
-// i.e. once GEMM1 has completed. GEMM2 also writes the zero rows of tokens with no valid slot.
-// Pass the same value to both launches; out == nullptr: not fused (combine.cu runs after GEMM2).
-struct decode_combine {
-  uint16_t* out = nullptr;    // bf16 [tokens, H]
-  int32_t* done = nullptr;    // moe_workspace::combine_done
-  int tokens = 0;
-  int row_blocks = 0;         // decode_row_blocks(H, GEMM2's k_groups)
-};
-// Counters the workspace holds for T tokens of top-k routing and hidden size H: the decode path
-// runs only up to kPlanMaxPairs pairs, and a CTA covers at least 16 * kDecodeWarps /
-// kDecodeMaxGroups rows. Non-decreasing in T (workspace_bytes(max_tokens) covers every T below).
-int64_t combine_counter_count(int64_t tokens, int top_k, int64_t hidden);
-
 // How one GEMM launch runs.
 struct gemm_launch {
   gemm_config config = gemm_config::mid;
@@ -114,7 +86,6 @@ struct gemm_launch {
   bool dependent = true;       // programmatic dependent launch
   int64_t experts = 0;         // prefill: experts in the weights, and
   int64_t b_row_count = 0;     // the rows of b_rows (T·k): the extents of the kernel's tensor maps
-  decode_combine combine;      // decode: the combine folded into GEMM2 (GEMM1 clears its counters)
 };
 
 // Raises the kernels' shared-memory limit; call once before launching (not while capturing).
@@ -125,6 +96,8 @@ void launch_gemm(const gemm_launch& l, const gemm_weights& w, const uint16_t* b_
                  int top_k, epilogue_kind ep, const activation_config& act, cudaStream_t stream);
 // Decode GEMM CTAs resident per SM (for the host's choice of k_groups).
 int decode_ctas_per_sm();
+// Warps per decode CTA; a CTA covers 16 * kDecodeWarps / k_groups weight rows.
+inline constexpr int kDecodeWarps = 8;
 
 // rows[s, :] = x[sorted[s] / top_k, :] for the valid sorted positions (gather_rows.cu): GEMM1's
 // B rows for the prefill GEMMs. A programmatic dependent launch.

@@ -103,7 +103,7 @@ int decode_k_groups(int bn, int64_t est_tiles, int64_t rows, int64_t cols, int64
 }
 
 struct workspace_plan {
-  size_t counts, offsets, num_tiles, error_flag, tiles, ids, weights, pos, sorted, act, ybuf, combine_done, total;
+  size_t counts, offsets, num_tiles, error_flag, tiles, ids, weights, pos, sorted, act, ybuf, total;
   workspace_plan(int64_t tokens, const moe_config& c) {
     const size_t pairs = static_cast<size_t>(tokens * c.routing.top_k);
     const size_t e = static_cast<size_t>(c.shape.experts);
@@ -127,8 +127,6 @@ struct workspace_plan {
     sorted = take(pairs * 4);
     act = take(pairs * static_cast<size_t>(c.shape.intermediate) * 2);
     ybuf = take(pairs * static_cast<size_t>(c.shape.hidden) * 2);
-    // The decode GEMM2's combine counters (kernels.h, decode_combine).
-    combine_done = take(static_cast<size_t>(sm90::combine_counter_count(tokens, c.routing.top_k, c.shape.hidden)) * 4);
     total = o;
   }
   size_t clear_bytes() const { return error_flag + 4 - counts; }
@@ -139,7 +137,7 @@ struct workspace_plan {
             reinterpret_cast<sm90::tile_desc*>(b + tiles), reinterpret_cast<int32_t*>(b + ids),
             reinterpret_cast<float*>(b + weights),     reinterpret_cast<int32_t*>(b + pos),
             reinterpret_cast<int32_t*>(b + sorted),    reinterpret_cast<uint16_t*>(b + act),
-            reinterpret_cast<uint16_t*>(b + ybuf),     reinterpret_cast<int32_t*>(b + combine_done)};
+            reinterpret_cast<uint16_t*>(b + ybuf)};
   }
 };
 
@@ -382,12 +380,6 @@ void moe_layer::forward(const tensor_view& x, const routing_input& routing, cons
     g1.k_groups = decode_k_groups(bn, est_tiles, 2 * I, H, m.decode_resident_warps);
     g2.k_groups = decode_k_groups(bn, est_tiles, H, I, m.decode_resident_warps);
     g2.early_weights = true;  // its tile list was written by the plan, before GEMM1
-    // GEMM2 folds the combine in; GEMM1 clears its counters. T * row blocks fits the workspace's
-    // counters: T <= kPlanMaxPairs / k here, and GEMM2's row blocks <= those at kDecodeMaxGroups.
-    const sm90::decode_combine fc{out.as<uint16_t>(), ws.combine_done, static_cast<int>(T),
-                                  static_cast<int>(sm90::decode_row_blocks(H, g2.k_groups))};
-    g1.combine = fc;
-    g2.combine = fc;
   }
   const uint16_t* b1 = x.as<const uint16_t>();
   if (prefill) {  // GEMM1's rows gathered in sorted order into ybuf, which GEMM2 then overwrites
@@ -396,7 +388,7 @@ void moe_layer::forward(const tensor_view& x, const routing_input& routing, cons
   }
   sm90::launch_gemm(g1, w13, b1, ws, k, sm90::epilogue_kind::gate_up_activation, c.activation, stream);
   sm90::launch_gemm(g2, w2, ws.act, ws, k, sm90::epilogue_kind::weighted_down, c.activation, stream);
-  if (!decode) sm90::launch_combine(T, k, H, ws, out.as<uint16_t>(), !legacy, stream);
+  sm90::launch_combine(T, k, H, ws, out.as<uint16_t>(), !legacy, stream);
 }
 
 }  // namespace mxmoe::cuda
