@@ -73,8 +73,7 @@ class NativeOps:
 
     def release(self, layer_id: int) -> None:
         """The layer is gone: forwards naming it raise, and it is freed once none is running."""
-        if self._lib is not None:
-            self._lib.mxmoe_torch_layer_release(layer_id)
+        self._lib.mxmoe_torch_layer_release(layer_id)
 
     def set_kept_workspace_bytes(self, nbytes: int) -> None:
         """The size of the workspaces kept per stream from now on (mxmoe._moe.CACHED_WORKSPACE_BYTES)."""
