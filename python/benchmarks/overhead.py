@@ -16,12 +16,17 @@ host back (--iters * kernels per forward is far below the launch queue's depth).
   alloc       mxmoe.moe_forward(layer, x, logits=...): plus allocating out (CUDA: and the
               workspace the layer keeps for the stream, looked up)
   torch_noop  an empty operator of moe_forward's schema, defined and called the same way (its
-              kernel returns a preallocated tensor): what torch.library dispatch itself costs
-  torch_op    mxmoe.torch.moe_forward: torch.ops.mxmoe.moe_forward, dispatch plus the alloc path
+              kernel, registered from Python, returns a preallocated tensor): what torch.library
+              dispatch of a Python-registered kernel itself costs
+  torch_op_py the same op with the kernel registered from Python as mxmoe.torch does without the
+              C++ op library (the extension's torch_moe_forward: the alloc path inside dispatch)
+  torch_op    mxmoe.torch.moe_forward: torch.ops.mxmoe.moe_forward with the kernel in use, the C++
+              one of libmxmoe_torch.so when built (mxmoe.torch.NATIVE_OP; printed)
   graph       CUDA only: one replay of a CUDA graph holding one forward (no Python per forward)
 "added" is each path minus cxx: what Python adds to a forward; the target is <= 5 us for direct
 and torch_op on the GPU machine at T = 1; "ours" is torch_op minus torch_noop minus cxx (what mxmoe
-adds inside the operator). The pieces (one call each, same timing): reading one tensor by the
+adds inside the operator over an empty Python-registered one; negative when its kernel costs less
+than that dispatch). The pieces (one call each, same timing): reading one tensor by the
 extension (hotpath.torch_view: one to_dlpack capsule, packed), the same fields read from Python
 attributes (the route the ctypes path took), torch.empty_like(x), torch's current-stream query
 and torch.empty of the forward's workspace (CUDA: what a forward paid before the layer kept one
@@ -83,15 +88,20 @@ def gpu_us_per_forward(graph, n: int = 200) -> float:
     return start.elapsed_time(end) * 1e3 / n
 
 
-def _noop_op(out: torch.Tensor):
-    """torch.ops.mxmoe_bench.noop: moe_forward's schema, defined like mxmoe.torch defines its ops
-    (Library.define / impl for CPU and CUDA), its kernel returning ``out``."""
+def _bench_ops(out: torch.Tensor):
+    """torch.ops.mxmoe_bench.noop and .moe_forward_py: moe_forward's schema, defined like
+    mxmoe.torch defines its ops from Python (Library.define / impl for CPU and CUDA); noop's kernel
+    returns ``out``, moe_forward_py's is the extension's torch_moe_forward (the kernel mxmoe.torch
+    registers without the C++ op library)."""
     lib = torch.library.Library("mxmoe_bench", "DEF")
-    lib.define("noop(Tensor x, Tensor? logits, Tensor? topk_ids, Tensor? topk_weights, int layer) -> Tensor")
+    schema = "(Tensor x, Tensor? logits, Tensor? topk_ids, Tensor? topk_weights, int layer) -> Tensor"
+    lib.define("noop" + schema)
+    lib.define("moe_forward_py" + schema)
     for key in ("CPU", "CUDA"):
         lib.impl("noop", lambda x, logits, topk_ids, topk_weights, layer: out, key)
-    _noop_op.lib = lib  # the registration lives as long as the Library object
-    return torch.ops.mxmoe_bench.noop.default
+        lib.impl("moe_forward_py", _lib.hotpath.torch_moe_forward, key)
+    _bench_ops.lib = lib  # the registration lives as long as the Library object
+    return torch.ops.mxmoe_bench.noop.default, torch.ops.mxmoe_bench.moe_forward_py.default
 
 
 def main() -> int:
@@ -136,7 +146,7 @@ def main() -> int:
     handle, forward = layer._handle, _lib.lib.mxmoe_moe_forward
     call_args = (handle, views[0], views[1], None, None, views[2], ws.data_ptr(), nbytes, stream)
     hot = _lib.hotpath.moe_forward
-    noop = _noop_op(out)
+    noop, op_py = _bench_ops(out)
 
     def c_abi():
         forward(*call_args)
@@ -147,6 +157,7 @@ def main() -> int:
         "direct": lambda: mxmoe.moe_forward(layer, x, logits=logits, out=out, workspace=ws),
         "alloc": lambda: mxmoe.moe_forward(layer, x, logits=logits),
         "torch_noop": lambda: noop(x, logits, None, None, layer.id),
+        "torch_op_py": lambda: op_py(x, logits, None, None, layer.id),
         "torch_op": lambda: mt.moe_forward(layer, x, logits=logits),
     }
     pieces = {
@@ -181,8 +192,10 @@ def main() -> int:
     where = f"{args.device} ({mxmoe.cuda.device_name(dev.index or 0)})" if cuda else "cpu"
     print(f"{where}, T = {t}, {args.preset} E = {cfg.experts}, H = {cfg.hidden}, I = {cfg.intermediate}, "
           f"top-{cfg.top_k}: host time per forward (us), median of {args.repeats} x {args.iters} calls")
+    print("  torch_op's kernel: " + ("C++ (libmxmoe_torch.so)" if mt.NATIVE_OP else
+                                     f"registered from Python, because {mt.NATIVE_OP_REASON}"))
     for name, us in results.items():
-        print(f"  {name:10s} {us:8.2f}" + ("" if name == "cxx" else f"   added {added[name]:+8.2f}"))
+        print(f"  {name:11s} {us:8.2f}" + ("" if name == "cxx" else f"   added {added[name]:+8.2f}"))
     print(f"  torch_op - torch_noop - cxx (mxmoe's part of the op): {ours:+.2f}")
     print("  pieces: " + ", ".join(f"{name} {us:.2f}" for name, us in piece_us.items()))
     if gpu_us is not None:
@@ -193,7 +206,7 @@ def main() -> int:
     write({"device": args.device, "gpu": mxmoe.cuda.device_name(dev.index or 0) if cuda else None, "tokens": t,
            "preset": args.preset, "experts": cfg.experts, "hidden": cfg.hidden, "intermediate": cfg.intermediate,
            "iters": args.iters, "repeats": args.repeats, "us_per_call": results, "added_us": added,
-           "torch_op_ours_us": ours, "pieces_us": piece_us,
+           "torch_op_ours_us": ours, "pieces_us": piece_us, "native_op": mt.NATIVE_OP,
            "gpu_us_per_forward": gpu_us, "target_added_us": TARGET_US, "target_met": verdict,
            "python": sys.version.split()[0], "torch": torch.__version__, "mxmoe": mxmoe.__version__})
     return 0

@@ -161,12 +161,18 @@ class _DeviceMemory:
         self.ptr = 0
 
 
+# The C++ op library (mxmoe._torchop.NativeOps) once mxmoe.torch has loaded it: every layer is
+# registered with it, and it owns their handles (PreparedMoE.close).
+native_ops: Any = None
+
+
 class PreparedMoE(_lib.Owned):
     """MoE weights prepared for one backend; owns their memory (host for the CPU backend, device
     for CUDA) and frees it on :meth:`close`, at the end of a ``with`` block, or when collected.
     A CUDA graph that captured a forward must not outlive the layer."""
 
     _free = "mxmoe_moe_free"
+    _native = None  # the op library that owns the handle (mxmoe._torchop), if it was loaded
 
     def __init__(self, handle: int, config: MoEConfig | None, device: tuple[int, int]):
         """``config``: what was prepared; None: the library's (a tensor-parallel shard's has
@@ -184,11 +190,18 @@ class PreparedMoE(_lib.Owned):
         # forwards on that stream outside graph capture (hotpath.c, workspace_of; new_workspace).
         self._workspaces: dict[int, tuple[Any, int, int]] = {}
         _live_layers[self.id] = weakref.ref(self, lambda _, layer_id=self.id: _live_layers.pop(layer_id, None))
+        if native_ops is not None:
+            native_ops.adopt(self)
 
     def close(self) -> None:
         """Frees the prepared weights and the workspaces kept for forwards (idempotent)."""
         self._workspaces = {}
-        super().close()
+        native, self._native = self._native, None
+        if native is None:
+            super().close()
+        elif self._handle:  # the op library frees the handle once no forward through it runs
+            self._handle = 0
+            native.release(self.id)
 
     @property
     def device(self) -> str:

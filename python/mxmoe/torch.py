@@ -18,19 +18,29 @@ Ops (shapes as in :func:`mxmoe.quantize`, :func:`mxmoe.dequantize`, :func:`mxmoe
     moe_forward(Tensor x, Tensor? logits, Tensor? topk_ids, Tensor? topk_weights, int layer) -> Tensor
         ``layer`` is :attr:`mxmoe.PreparedMoE.id`; a closed or collected layer raises
         InvalidArgument.
+
+The kernel of ``moe_forward`` is C++ (libmxmoe_torch.so, mxmoe/_torchop.py) where the package was
+built with torch importable: ``NATIVE_OP`` says whether it is in use, and ``NATIVE_OP_REASON``
+why not. Otherwise (and with ``MXMOE_TORCH_NATIVE=0``) the extension's C function is registered
+as the kernel from Python, as before, ~5 us slower per call; importing this module then warns
+once, unless the environment asked for it. Called through torch.ops directly, the C++ kernel's
+errors are ValueError (bad input) or RuntimeError with the message ``"mxmoe.<class>: ..."``;
+:func:`moe_forward` raises mxmoe's exception classes on both kernels.
 """
 
 from __future__ import annotations
 
 import struct
+import warnings
 
 import torch
 
-from . import _lib, _moe, _quant, _tensor
+from . import _lib, _moe, _quant, _torchop, _tensor
 from ._errors import invalid
 from ._quant import QuantStats
 
-__all__ = ["dequantize", "moe_forward", "quantize", "quantize_with_stats", "stats_from_tensor"]
+__all__ = ["NATIVE_OP", "NATIVE_OP_REASON", "dequantize", "moe_forward", "quantize", "quantize_with_stats",
+           "stats_from_tensor"]
 
 
 def _quantize_outputs(x: torch.Tensor, rule: str, scale_layout: str) -> tuple[torch.Tensor, torch.Tensor]:
@@ -125,11 +135,34 @@ def _moe_forward_fake(x, logits, topk_ids, topk_weights, layer):
     return torch.empty_like(x, memory_format=torch.contiguous_format)
 
 
-# The kernel is the extension's own function (hotpath.c, torch_moe_forward(x, logits, topk_ids,
-# topk_weights, layer)): the dispatcher calls into C directly, no Python frame of ours per call.
-_tensor.bind_torch()  # the kernel below reads torch tensors from its first call
-_op("moe_forward(Tensor x, Tensor? logits, Tensor? topk_ids, Tensor? topk_weights, int layer) -> Tensor",
-    _lib.hotpath.torch_moe_forward, _moe_forward_fake)
+def _register_moe_forward() -> tuple[_torchop.NativeOps | None, str | None]:
+    """Defines moe_forward and registers its kernel: the C++ op library's (loading it after the
+    schema is defined registers it), or else the extension's own function (hotpath.c,
+    torch_moe_forward(x, logits, topk_ids, topk_weights, layer)), which the dispatcher calls
+    through Python objects. Returns the library, or None and why it is not used."""
+    _ops.define("moe_forward(Tensor x, Tensor? logits, Tensor? topk_ids, Tensor? topk_weights, int layer) -> Tensor")
+    native, why = _torchop.load(_moe.CACHED_WORKSPACE_BYTES)
+    if native is not None:
+        for ref in list(_moe._live_layers.values()):  # layers prepared before this import
+            layer = ref()
+            if layer is not None and layer._handle and layer._native is None:
+                native.adopt(layer)
+        _moe.native_ops = native
+        return native, None
+    for key in ("CPU", "CUDA"):
+        _ops.impl("moe_forward", _lib.hotpath.torch_moe_forward, key)
+    if not why.startswith(_torchop.DISABLE_ENV):
+        warnings.warn(f"mxmoe.torch: torch.ops.mxmoe.moe_forward runs the kernel registered from Python (about 5 us "
+                      f"more per call than the C++ one) because {why}", RuntimeWarning, stacklevel=2)
+    return None, why
+
+
+_tensor.bind_torch()  # the extension reads torch tensors from its first call
+_native, NATIVE_OP_REASON = _register_moe_forward()
+NATIVE_OP: bool = _native is not None
+"""Whether torch.ops.mxmoe.moe_forward's CPU and CUDA kernel is the C++ one (libmxmoe_torch.so);
+NATIVE_OP_REASON says why not."""
+torch.library.register_fake("mxmoe::moe_forward", _moe_forward_fake, lib=_ops)
 
 
 def quantize(x: torch.Tensor, rule: str = "even",
@@ -155,8 +188,15 @@ def dequantize(packed: torch.Tensor, scales: torch.Tensor, scale_layout: str = "
 def moe_forward(layer: "_moe.PreparedMoE", x: torch.Tensor, *, logits: torch.Tensor | None = None,
                 topk_ids: torch.Tensor | None = None, topk_weights: torch.Tensor | None = None) -> torch.Tensor:
     """``torch.ops.mxmoe.moe_forward`` on a :class:`~mxmoe.PreparedMoE`: x [T, H] -> out [T, H]
-    of x's dtype (see :func:`mxmoe.moe_forward`)."""
-    return _moe_forward_op(x, logits, topk_ids, topk_weights, layer.id)
+    of x's dtype (see :func:`mxmoe.moe_forward`). Bad input raises mxmoe's exceptions
+    (:class:`~mxmoe.InvalidArgument` naming the argument, ...) on either kernel."""
+    try:
+        return _moe_forward_op(x, logits, topk_ids, topk_weights, layer.id)
+    except (ValueError, RuntimeError) as e:  # the C++ kernel's, through torch (translate says)
+        error = _torchop.translate(e)
+        if error is None:
+            raise
+        raise error from None
 
 
 _moe_forward_op = torch.ops.mxmoe.moe_forward.default

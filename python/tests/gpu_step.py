@@ -3,7 +3,8 @@
 python/tests (`pytest -m cuda`: CUDA against the CPU backend and the models' formulation, graph
 capture replayed with new inputs, the current stream and device, checkpoints on CUDA, the Hugging
 Face models at the CUDA tolerance, torch.compile) and the overhead benchmark
-(python/benchmarks/overhead.py --device cuda --tokens 1), from a build tree without installing:
+(python/benchmarks/overhead.py --device cuda --tokens 1), from a build tree without installing
+(build/lib holds _hotpath.abi3.so and libmxmoe_torch.so next to the library):
 
     MXMOE_LIBRARY=build/lib/libmxmoe_c.so PYTHONPATH=python python3 python/tests/gpu_step.py --out $OUT
 
@@ -84,6 +85,10 @@ def environment() -> dict:
         env["cuda_available"] = mxmoe.cuda.available()
         env["cuda_unavailable_because"] = mxmoe.cuda.why_unavailable()
         env["device"] = mxmoe.cuda.device_name() if env["cuda_available"] else None
+        import mxmoe.torch
+
+        env["native_op"] = mxmoe.torch.NATIVE_OP  # torch.ops.mxmoe.moe_forward's C++ kernel
+        env["native_op_reason"] = mxmoe.torch.NATIVE_OP_REASON
     except Exception as e:  # noqa: BLE001
         env["mxmoe"] = f"import failed: {e}"
     return env

@@ -239,6 +239,32 @@ def test_cuda_graph_replays_with_new_inputs_bitwise():
         assert torch.equal(out, eager)
 
 
+def op_workspaces(layer) -> dict:
+    """The workspaces torch.ops.mxmoe.moe_forward keeps for ``layer``, by stream: the C++ kernel's
+    own (mxmoe.torch.NATIVE_OP), else the ones mxmoe.moe_forward keeps (PreparedMoE._workspaces)."""
+    import mxmoe.torch
+
+    return mxmoe.torch._native.workspaces(layer) if mxmoe.torch.NATIVE_OP else dict(layer._workspaces)
+
+
+@pytest.fixture
+def kept_workspace_bound(monkeypatch):
+    """Sets the size of the workspaces kept per stream (mxmoe._moe.CACHED_WORKSPACE_BYTES and the C++
+    kernel's copy of it) for one test."""
+    import mxmoe.torch
+
+    native, original = mxmoe.torch._native, mxmoe._moe.CACHED_WORKSPACE_BYTES
+
+    def set_bound(nbytes: int) -> None:
+        monkeypatch.setattr(mxmoe._moe, "CACHED_WORKSPACE_BYTES", nbytes)
+        if native is not None:
+            native.set_kept_workspace_bytes(nbytes)
+
+    yield set_bound
+    if native is not None:
+        native.set_kept_workspace_bytes(original)
+
+
 def capturing(stream: int) -> bool:
     flag = ctypes.c_int32(-1)
     mxmoe._lib.check(mxmoe._lib.lib.mxmoe_stream_capturing(stream, ctypes.byref(flag)))
@@ -246,18 +272,18 @@ def capturing(stream: int) -> bool:
 
 
 @requires_cuda
-def test_cuda_graph_captures_a_workspace_of_its_own(monkeypatch):
+def test_cuda_graph_captures_a_workspace_of_its_own(kept_workspace_bound):
     """Under capture the forward takes a workspace from the graph's pool, not the one the layer
     keeps for eager forwards on that stream; eager forwards too large to use the kept one take
     torch memory meanwhile, and replays stay bitwise equal to eager."""
     import mxmoe.torch
 
     layer, x, logits = cuda_problem("gpt_oss", 2)
-    monkeypatch.setattr(mxmoe._moe, "CACHED_WORKSPACE_BYTES", layer.workspace_bytes(2))
+    kept_workspace_bound(layer.workspace_bytes(2))
     for _ in range(2):
         mxmoe.torch.moe_forward(layer, x, logits=logits)
     torch.cuda.synchronize()
-    kept = dict(layer._workspaces)
+    kept = op_workspaces(layer)
     assert list(kept) == [torch.cuda.current_stream().cuda_stream]
     graph, seen = torch.cuda.CUDAGraph(), []
     with torch.cuda.graph(graph):
@@ -265,7 +291,7 @@ def test_cuda_graph_captures_a_workspace_of_its_own(monkeypatch):
         seen.append(capturing(stream))
         out = mxmoe.torch.moe_forward(layer, x, logits=logits)
     assert seen == [True] and not capturing(stream)
-    assert layer._workspaces == kept  # capture neither used nor added one
+    assert op_workspaces(layer) == kept  # capture neither used nor added one
     big, big_logits = torch.randn(24, H, device="cuda").bfloat16(), torch.randn(24, E, device="cuda")
     for _ in range(3):
         x.copy_(torch.randn(2, H, device="cuda").bfloat16())
@@ -275,7 +301,7 @@ def test_cuda_graph_captures_a_workspace_of_its_own(monkeypatch):
         eager = mxmoe.torch.moe_forward(layer, x, logits=logits)
         torch.cuda.synchronize()
         assert torch.equal(out, eager)
-    assert layer._workspaces == kept
+    assert op_workspaces(layer) == kept
 
 
 @requires_cuda

@@ -1,6 +1,17 @@
 """mxmoe.torch: the torch.library ops — their schemas and fake implementations (opcheck), eager
 equals the plain functions, and torch.compile (aot_eager, inductor, dynamic shapes) gives the
-same results."""
+same results. moe_forward's C++ kernel (libmxmoe_torch.so): in use where built, bitwise the
+plain forward's output, the same exceptions and messages for bad input, the layers it owns; the
+kernel registered from Python when the library is disabled or was not built (in a subprocess);
+on CUDA its kept workspaces and graph replay."""
+
+import gc
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -8,7 +19,11 @@ import torch
 import mxmoe
 import mxmoe.torch as mt
 from conftest import requires_cuda
-from test_moe import CONFIGS, E, H, make_weights
+from mxmoe import _moe, _torchop
+from test_moe import CONFIGS, E, H, KINDS, kind_layer, make_weights, op_workspaces, routing_args
+
+NATIVE_LIBRARY = mxmoe._lib.library_path.with_name(_torchop.LIBRARY_FILE)
+DISABLED = os.environ.get(_torchop.DISABLE_ENV) == "0"
 
 
 @pytest.fixture(autouse=True)
@@ -103,3 +118,221 @@ def test_compiled_cuda_graph_mode():
         logits = torch.randn(8, E, device="cuda")
         got = step(x, logits).clone()
         assert torch.equal(got, mxmoe.moe_forward(layer, x, logits=logits) * 2)
+
+
+# ---- moe_forward's C++ kernel (libmxmoe_torch.so) ------------------------------------------------
+
+
+def kernel_file(key: str) -> str:
+    """Where torch says the op's kernel for dispatch key ``key`` was registered."""
+    match = re.search(rf"^{key}: registered at (\S+?):\d+", torch._C._dispatch_dump("mxmoe::moe_forward"), re.M)
+    assert match, torch._C._dispatch_dump("mxmoe::moe_forward")
+    return os.path.basename(match[1])
+
+
+def test_the_cpp_kernel_is_in_use():
+    """scripts/test.sh builds the library (torch installed first): the op's CPU and CUDA kernels
+    are its own, not the Python-registered one."""
+    if DISABLED:
+        assert not mt.NATIVE_OP and kernel_file("CPU") == "torch.py"
+        pytest.skip(f"{_torchop.DISABLE_ENV}=0: the kernel registered from Python is tested")
+    assert NATIVE_LIBRARY.is_file(), f"{NATIVE_LIBRARY} was not built: {mt.NATIVE_OP_REASON}"
+    assert mt.NATIVE_OP and mt.NATIVE_OP_REASON is None
+    assert kernel_file("CPU") == kernel_file("CUDA") == "torch_op.cpp"
+
+
+@pytest.mark.parametrize("name", sorted(KINDS))
+@pytest.mark.parametrize("source", ["logits", "bf16_logits", "precomputed", "router"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["f32", "bf16"])
+def test_op_equals_the_plain_forward_bitwise(name, source, dtype):
+    w = kind_layer(name, biases=True, router=source == "router")
+    layer = w.prepare("cpu")
+    x, logits = mxmoe.synthetic_inputs(w, 11, seed=4)
+    args = routing_args(w, "logits" if source == "bf16_logits" else source, logits)
+    if source == "bf16_logits":
+        args["logits"] = logits.bfloat16()
+    x = x.to(dtype)
+    got = mt.moe_forward(layer, x, **args)
+    assert got.dtype == dtype and got.shape == (11, H) and got.is_contiguous()
+    assert torch.equal(got, mxmoe.moe_forward(layer, x, **args))
+    assert torch.equal(torch.ops.mxmoe.moe_forward(x, args.get("logits"), args.get("topk_ids"),
+                                                   args.get("topk_weights"), layer.id), got)
+    empty = mt.moe_forward(layer, x[:0], **{k: v[:0] for k, v in args.items()})
+    assert empty.shape == (0, H) and empty.dtype == dtype
+
+
+def same_error(op, direct):
+    """Calls both; they must raise the same mxmoe exception class, argument and message."""
+    with pytest.raises(mxmoe.Error) as want:
+        direct()
+    with pytest.raises(mxmoe.Error) as got:
+        op()
+    assert type(got.value) is type(want.value), (got.value, want.value)
+    assert str(got.value) == str(want.value)
+    assert getattr(got.value, "argument", None) == getattr(want.value, "argument", None)
+    return got.value
+
+
+def test_bad_input_raises_what_the_plain_forward_raises():
+    layer = mxmoe.prepare(CONFIGS["qwen3"], **make_weights())
+    x, logits = torch.randn(5, H), torch.randn(5, E)
+    ids, weights = torch.zeros(5, 2, dtype=torch.int32), torch.full((5, 2), 0.5)
+    cases = {
+        "x": [dict(x=x.double()), dict(x=x.to(torch.complex64)), dict(x=x.bool()), dict(x=x.to(torch.int8)),
+              dict(x=torch.randn(H, 5).t()), dict(x=torch.randn(5 * H)), dict(x=torch.randn(1, 1, 1, 1, 1, 1, 1, 1, 5, H)),
+              dict(x=torch.randn(5, H + 32))],
+        "routing.logits": [dict(logits=logits[:4]), dict(logits=logits.double()), dict(logits=logits.long()),
+                           dict(logits=torch.randn(E, 5).t())],
+        "routing.ids": [dict(logits=None, topk_ids=ids.long(), topk_weights=weights),
+                        dict(logits=None, topk_ids=torch.full((5, 2), E, dtype=torch.int32), topk_weights=weights)],
+        "routing.weights": [dict(logits=None, topk_ids=ids, topk_weights=weights[:, :1]),
+                            dict(logits=None, topk_ids=ids, topk_weights=weights.double())],
+    }
+    for argument, variants in cases.items():
+        for v in variants:
+            args = {"x": x, "logits": logits, **v}
+            e = same_error(lambda: mt.moe_forward(layer, **args), lambda: mxmoe.moe_forward(layer, **args))
+            assert isinstance(e, mxmoe.InvalidArgument) and e.argument == argument, (argument, v, e)
+    with pytest.raises(ValueError) as raw:  # torch.ops directly: torch's ValueError from the C++ kernel
+        torch.ops.mxmoe.moe_forward(x.double(), logits, None, None, layer.id)
+    message = "argument 'x': expected dtype bf16 | f16 | f32 | u8 | i32 | i64, got float64"
+    if mt.NATIVE_OP:
+        assert str(raw.value) == "mxmoe.InvalidArgument: " + message and not isinstance(raw.value, mxmoe.Error)
+    else:  # the Python-registered kernel raises mxmoe's exception itself
+        assert str(raw.value) == message and isinstance(raw.value, mxmoe.InvalidArgument)
+
+
+def test_a_closed_or_collected_layer_is_named():
+    layer = mxmoe.prepare(CONFIGS["gpt_oss"], **make_weights())
+    x, logits = torch.randn(3, H), torch.randn(3, E)
+    layer_id = layer.id
+    layer.close()
+    layer.close()  # idempotent
+    with pytest.raises(mxmoe.InvalidArgument) as closed:
+        mt.moe_forward(layer, x, logits=logits)
+    assert closed.value.argument == "layer" and "closed" in str(closed.value)
+    if mt.NATIVE_OP:  # it cannot tell closed from collected (the Python-registered kernel can)
+        assert str(closed.value) == f"argument 'layer': expected a live PreparedMoE, got id {layer_id}, which was " \
+                                    "closed or collected"
+    collected = mxmoe.prepare(CONFIGS["gpt_oss"], **make_weights())
+    collected_id = collected.id
+    mt.moe_forward(collected, x, logits=logits)
+    del collected
+    gc.collect()
+    for dead in (collected_id, 1 << 40):
+        with pytest.raises(ValueError, match=f"argument 'layer': expected a live PreparedMoE, got id {dead}, "):
+            torch.ops.mxmoe.moe_forward(x, logits, None, None, dead)
+
+
+_MODE_SCRIPT = r"""
+import json, re, sys, warnings
+import torch, mxmoe
+cfg = mxmoe.MoEConfig(8, 96, 64, top_k=2)
+w = mxmoe.synthetic_layer(cfg)
+before = w.prepare("cpu")  # prepared before mxmoe.torch is imported: registered with the op library then
+with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    import mxmoe.torch as mt
+after = w.prepare("cpu")
+x, logits = mxmoe.synthetic_inputs(w, 3, seed=1)
+for layer in (before, after):
+    assert torch.equal(mt.moe_forward(layer, x, logits=logits), mxmoe.moe_forward(layer, x, logits=logits))
+try:
+    mt.moe_forward(after, x, logits=logits[:2])
+    raise AssertionError("no error")
+except mxmoe.InvalidArgument as e:
+    assert e.argument == "routing.logits", e
+before.close()
+kernel = re.search(r"^CPU: registered at (\S+?):", torch._C._dispatch_dump("mxmoe::moe_forward"), re.M)[1]
+print(json.dumps({"native": mt.NATIVE_OP, "reason": mt.NATIVE_OP_REASON, "kernel": kernel.rsplit("/", 1)[-1],
+                  "warnings": [str(m.message) for m in caught if m.category is RuntimeWarning]}))
+"""
+
+
+def run_mode(env_changes: dict) -> dict:
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p), **env_changes}
+    env = {k: v for k, v in env.items() if v is not None}
+    r = subprocess.run([sys.executable, "-c", _MODE_SCRIPT], env=env, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+def test_the_cpp_kernel_adopts_layers_prepared_before_import():
+    if DISABLED:
+        pytest.skip(f"{_torchop.DISABLE_ENV}=0")
+    got = run_mode({_torchop.DISABLE_ENV: None})
+    assert got == {"native": True, "reason": None, "kernel": "torch_op.cpp", "warnings": []}, got
+
+
+def test_disabled_by_the_environment_the_python_kernel_runs_without_a_warning():
+    got = run_mode({_torchop.DISABLE_ENV: "0"})
+    assert got == {"native": False, "reason": f"{_torchop.DISABLE_ENV}=0 is set", "kernel": "torch.py",
+                   "warnings": []}, got
+
+
+def test_not_built_the_python_kernel_runs_and_a_warning_says_why(tmp_path):
+    """A library without libmxmoe_torch.so next to it (built without torch): mxmoe.torch warns once,
+    naming where it looked, and the op still works (the kernel registered from Python)."""
+    lib = tmp_path / mxmoe._lib.library_path.name
+    shutil.copy(mxmoe._lib.library_path, lib)
+    shutil.copy(mxmoe._lib.library_path.with_name(mxmoe._lib.HOTPATH_FILE), tmp_path)
+    got = run_mode({"MXMOE_LIBRARY": str(lib), _torchop.DISABLE_ENV: None})
+    assert not got["native"] and got["kernel"] == "torch.py"
+    assert got["reason"].startswith(f"{tmp_path / _torchop.LIBRARY_FILE} was not built (torch >= 2.10 "), got
+    assert len(got["warnings"]) == 1 and got["warnings"][0].endswith(got["reason"]), got
+
+
+# ---- on CUDA ---------------------------------------------------------------------------------------
+
+
+@requires_cuda
+def test_cuda_op_keeps_a_workspace_per_stream_and_replays_graphs_bitwise():
+    """The op's CUDA kernel (the C++ one unless disabled): the current stream's workspace kept and
+    reused, one per stream, none added by a capture; graph replays with new inputs bitwise equal
+    to eager forwards of the op and of mxmoe.moe_forward."""
+    assert mt.NATIVE_OP or DISABLED, mt.NATIVE_OP_REASON
+    layer = mxmoe.prepare(CONFIGS["gpt_oss"], device="cuda", **make_weights())
+    x, logits = torch.randn(4, H, device="cuda").bfloat16(), torch.randn(4, E, device="cuda")
+    want = mxmoe.moe_forward(layer, x, logits=logits)
+    current = torch.cuda.current_stream()
+    kept_before = set(op_workspaces(layer))  # the plain forward's own are separate from the C++ kernel's
+    assert torch.equal(mt.moe_forward(layer, x, logits=logits), want)
+    assert set(op_workspaces(layer)) == kept_before | {current.cuda_stream}
+    first = op_workspaces(layer)[current.cuda_stream]
+    assert first[-1] == _moe.CACHED_WORKSPACE_BYTES
+    assert torch.equal(mt.moe_forward(layer, x, logits=logits), want)
+    assert op_workspaces(layer)[current.cuda_stream] == first  # reused
+    side = torch.cuda.Stream()
+    side.wait_stream(current)
+    with torch.cuda.stream(side):
+        on_side = mt.moe_forward(layer, x, logits=logits)
+    side.synchronize()
+    assert torch.equal(on_side, want) and side.cuda_stream in set(op_workspaces(layer))
+    kept = set(op_workspaces(layer))
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = mt.moe_forward(layer, x, logits=logits)
+    assert set(op_workspaces(layer)) == kept  # the capture took memory of its own
+    for _ in range(3):
+        x.copy_(torch.randn(4, H, device="cuda").bfloat16())
+        logits.copy_(torch.randn(4, E, device="cuda"))
+        graph.replay()
+        eager = mt.moe_forward(layer, x, logits=logits)
+        torch.cuda.synchronize()
+        assert torch.equal(out, eager) and torch.equal(eager, mxmoe.moe_forward(layer, x, logits=logits))
+    del graph
+    layer.close()
+    assert op_workspaces(layer) == {}
+    with pytest.raises(mxmoe.InvalidArgument, match="'layer'"):
+        mt.moe_forward(layer, x, logits=logits)
+
+
+@requires_cuda
+def test_cuda_op_bad_input_raises_what_the_plain_forward_raises():
+    layer = mxmoe.prepare(CONFIGS["qwen3"], device="cuda", **make_weights())
+    x, logits = torch.randn(5, H, device="cuda").bfloat16(), torch.randn(5, E, device="cuda")
+    for argument, args in [("x", dict(x=x.cpu(), logits=logits)), ("x", dict(x=x.float(), logits=logits)),
+                           ("routing.logits", dict(x=x, logits=logits.cpu())),
+                           ("routing.logits", dict(x=x, logits=logits[:3])), ("routing", dict(x=x))]:
+        e = same_error(lambda: mt.moe_forward(layer, **args), lambda: mxmoe.moe_forward(layer, **args))
+        assert e.argument.startswith(argument), (argument, e)
