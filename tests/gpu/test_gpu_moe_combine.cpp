@@ -1,4 +1,4 @@
-// GPU tests of the combine (combine.cu, combine.cuh): out[t] = the slot-ordered sum of the
+// GPU tests of the combine (combine.cu): out[t] = the slot-ordered sum of the
 // routing-weighted expert outputs of token t's valid slots. Against the CPU reference
 // (cpu::moe_forward, the documented tolerances), output and workspace filled with 0xFF, every call
 // made twice and compared bitwise. The cases: tokens none of whose slots any tile holds (an expert

@@ -1,5 +1,5 @@
 // moe/combine.cu — out[t, :] = sum over slots j (in slot order) of ybuf[t*k + j, :], the
-// routing-weighted expert outputs GEMM2 wrote (combine.cuh's combine_vector). A fixed order keeps
+// routing-weighted expert outputs GEMM2 wrote (combine_vector). A fixed order keeps
 // the layer deterministic (no atomics on the output). Dropped slots (id -1) contribute nothing.
 // Each thread owns 8 consecutive hidden values: 16-byte loads and stores. A programmatic dependent
 // of GEMM2 (pdl.cuh). (Folding it into GEMM2, the last CTA of a token summing, was measured
@@ -7,12 +7,59 @@
 #include <cuda_runtime.h>
 
 #include "check.h"
-#include "combine.cuh"
+#include "mxmoe/dtype.h"
 #include "kernels.h"
 #include "pdl.cuh"
 
 namespace mxmoe::cuda::sm90 {
 namespace {
+
+// Bit j of the result: slot j of token t is valid (ids[t*k + j] >= 0; a dropped slot's ybuf row is
+// never written). k <= 16.
+__device__ __forceinline__ uint32_t valid_slots(const int32_t* ids, int64_t t, int top_k) {
+  uint32_t mask = 0;
+  for (int j = 0; j < top_k; ++j) mask |= ids[t * top_k + j] >= 0 ? 1u << j : 0u;
+  return mask;
+}
+
+// The bf16x8 vector of out[t, col ..) (col a multiple of 8; pair0 = t*k). The loads are issued
+// kBatch slots at a time, the adds stay in slot order: one memory round trip for top-8 routing,
+// where a load per slot after the previous one's add cost k round trips (4-6 us at T = 1 under
+// ncu, docs/performance.md, 2026-12-05).
+__device__ __forceinline__ uint4 combine_vector(const uint16_t* ybuf, int64_t pair0, uint32_t mask, int64_t hidden,
+                                                int64_t col) {
+  constexpr int kBatch = 8;
+  float acc[8] = {};
+  while (mask != 0) {
+    uint4 y[kBatch];
+    int n = 0;
+#pragma unroll
+    for (int u = 0; u < kBatch; ++u) {
+      if (mask == 0) break;
+      const int j = __ffs(mask) - 1;
+      mask &= mask - 1;
+      const uint4* src = reinterpret_cast<const uint4*>(ybuf + (pair0 + j) * hidden + col);
+      y[u] = *src;
+      n = u + 1;
+    }
+#pragma unroll
+    for (int u = 0; u < kBatch; ++u) {
+      if (u >= n) break;
+      const uint32_t w[4] = {y[u].x, y[u].y, y[u].z, y[u].w};
+#pragma unroll
+      for (int q = 0; q < 4; ++q) {
+        acc[2 * q] += bf16_to_float(static_cast<uint16_t>(w[q] & 0xFFFFu));
+        acc[2 * q + 1] += bf16_to_float(static_cast<uint16_t>(w[q] >> 16));
+      }
+    }
+  }
+  uint32_t o[4];
+#pragma unroll
+  for (int q = 0; q < 4; ++q)
+    o[q] = static_cast<uint32_t>(float_to_bf16(acc[2 * q])) | (static_cast<uint32_t>(float_to_bf16(acc[2 * q + 1])) << 16);
+  return make_uint4(o[0], o[1], o[2], o[3]);
+}
+
 
 __global__ void combine_kernel(int64_t tokens, int top_k, int64_t hidden, const int32_t* __restrict__ ids,
                                const uint16_t* __restrict__ ybuf, uint16_t* __restrict__ out) {
@@ -22,8 +69,8 @@ __global__ void combine_kernel(int64_t tokens, int top_k, int64_t hidden, const 
   const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= tokens * vecs) return;
   const int64_t t = i / vecs, v = i % vecs;
-  const uint32_t mask = detail::valid_slots(ids, t, top_k);
-  *reinterpret_cast<uint4*>(out + t * hidden + v * 8) = detail::combine_vector(ybuf, t * top_k, mask, hidden, v * 8);
+  const uint32_t mask = valid_slots(ids, t, top_k);
+  *reinterpret_cast<uint4*>(out + t * hidden + v * 8) = combine_vector(ybuf, t * top_k, mask, hidden, v * 8);
 }
 
 }  // namespace
