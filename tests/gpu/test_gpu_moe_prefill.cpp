@@ -7,10 +7,11 @@
 // prefill GEMMs are what runs. Against the CPU reference, with the tolerances of
 // docs/moe_layer.md; every case runs twice on 0xFF-filled buffers and must match bitwise.
 //
-// Shapes come from the kernel's tiles: blocks of 128 weight rows (2880 = 22.5 blocks, 544 =
-// 4.25, 352 = 22 row tiles: the last block has a warpgroup with two valid warps, 448 = 28: a
-// warpgroup with none), K-steps of 64 and weight stages of four (2880 = 45 K-steps: the last stage
-// has one; 544 = 8.5: the K tail is zero-filled), per-tile wgmma widths of 16..176 (counts that
+// Shapes come from the kernel's tiles: blocks of 192 weight rows, three consumer warpgroups of 64
+// (2880 and 5760 = 15 and 30 whole blocks; 544 = 34 row tiles and 352 = 22: the last block has a
+// warpgroup with two valid warps and one with none; 1088 = 68 and 448 = 28: last blocks of 8 and
+// 4 row tiles, one and two idle warpgroups), K-steps of 64 and weight stages of four (2880 = 45
+// K-steps: the last stage has one; 544 = 8.5: the K tail is zero-filled), per-tile wgmma widths of 16..176 (counts that
 // are no multiple of 16, experts with 1 pair next to experts with thousands), K long enough
 // that both rings wrap inside one work item, and both routing paths (the one-CTA plan up to 8,192
 // pairs, the four-step path beyond).
@@ -97,7 +98,7 @@ INSTANTIATE_TEST_SUITE_P(
                    layout::gate_up_order::concatenated, false, {512, 4500}},
         shape_case{"odd_544_narrow", 64, 544, 544, 2, routing_kind::softmax_topk, activation_kind::swiglu_clamped,
                    layout::gate_up_order::interleaved, true, {777}},
-        // H = 352 (6 row tiles in the last block), 2I = 448 (a last block of 4: one idle warpgroup).
+        // H = 352 (10 row tiles in the last block), 2I = 448 (a last block of 4: two idle warpgroups).
         shape_case{"partial_row_blocks_narrow", 64, 352, 224, 4, routing_kind::topk_softmax,
                    activation_kind::swiglu_clamped, layout::gate_up_order::interleaved, true, {600}},
         // Few tokens, many pairs per expert (65 and 255: where the default runs the large tile).

@@ -2,25 +2,32 @@
 // prefill and the 512–2048-token transition (both GEMMs), sm_90a.
 //
 // C[rows, tokens] = W_e[rows, K] · B[tokens, K]ᵀ per work item (prefill_schedule.cuh): one
-// scheduled tile of expert e (count <= NMAX expert-sorted pairs) times 128 weight rows. B rows
+// scheduled tile of expert e (count <= NMAX expert-sorted pairs) times 192 weight rows. B rows
 // are contiguous in sorted order (GEMM1: x gathered by gather_rows.cu; GEMM2: act), so the
 // tensor-memory-access engine (TMA) loads them.
 //
-// One CTA per SM, 10 warps, no CTA-wide barrier after set-up:
-//   warp 8, one lane — weights: per stage 4 K-steps (256 k) of the block's 8 fragment row tiles
-//     (layout::sm90_fragment, [N/16][K/64] tiles of 512 code + 32 scale bytes), two TMA loads
-//     (codes, scales) through 3-D tensor maps over [experts x row tiles][K/64][tile], into a ring
-//     of A_STAGES slots;
-//   warp 9, one lane — activations: per K-step one TMA box of 16·ceil(count/16) rows x 64 k
-//     (one tensor map per width), 128-byte swizzled (chunk c of row r at c ^ (r % 8): what the
-//     wgmma descriptor reads), into a ring of B_STAGES slots; rows past the tensor and the K tail
-//     arrive as zeros;
-//   warps 0-7 — two consumer warpgroups of 64 weight rows (warp q of warpgroup h owns row tile
-//     4h + q). Per K-step a warp turns its 16-byte fragment share and 4 scale bytes into bf16 A
-//     registers (dequant.cuh) and its warpgroup issues four wgmma m64nNk16 with A from registers.
-//     The A registers are double-buffered: the conversion for step s+1 runs while the tensor
-//     cores work on step s (wgmma.wait_group 1). A weight slot is released as soon as its bytes
-//     are in registers; an activation slot when the wgmmas that read it completed.
+// One CTA per SM, 16 warps (four warpgroups), no CTA-wide barrier after set-up:
+//   warpgroup 3, the producers (setmaxnreg down to 32 registers; warps 14 and 15 leave):
+//     warp 12, one lane — weights: per stage 4 K-steps (256 k) of the block's 12 fragment row
+//       tiles (layout::sm90_fragment, [N/16][K/64] tiles of 512 code + 32 scale bytes), two TMA
+//       loads (codes, scales) through 3-D tensor maps over [experts x row tiles][K/64][tile], into
+//       a ring of A_STAGES slots;
+//     warp 13, one lane — activations: per K-step one TMA box of 16·ceil(count/16) rows x 64 k
+//       (one tensor map per width), 128-byte swizzled (chunk c of row r at c ^ (r % 8): what the
+//       wgmma descriptor reads), into a ring of B_STAGES slots; rows past the tensor and the K
+//       tail arrive as zeros;
+//   warpgroups 0-2, the consumers (setmaxnreg up to 160 registers), 64 weight rows each (warp q
+//     of warpgroup h owns row tile 4h + q). Per K-step a warp turns its 16-byte fragment share and
+//     4 scale bytes into bf16 A registers (dequant.cuh) and its warpgroup issues four wgmma
+//     m64nNk16 with A from registers. The A registers are double-buffered: the conversion for
+//     step s+1 runs while the tensor cores work on step s (wgmma.wait_group 1). A weight slot is
+//     released as soon as its bytes are in registers; an activation slot when the wgmmas that
+//     read it completed.
+// Why three consumer warpgroups (two until 2026-12-05): the conversion is a chain of dependent
+// integer and bf16 operations per K-step; with two consumer warps per scheduler, stall sampling
+// found ~48 % of the consumers' samples waiting inside that chain while both rings were full and
+// the wgmmas done (docs/performance.md, "What limits it now"). Three per scheduler hide more of
+// it, and 192 rows per CTA read each activation slot three times instead of twice.
 // Few, large copies (1.5 per K-step): the first version, with ~20 small ones per K-step (16-row
 // activation boxes, one bulk copy per fragment row tile), ran at ~100-125 cycles per copy
 // instruction whatever its size (docs/performance.md, "2026-12-01").
@@ -37,9 +44,8 @@
 // A programmatic dependent launch (pdl.cuh): every CTA waits for the previous kernel after
 // initialising its barriers, before any global memory access.
 // Experimental: run only with MXMOE_MOE_PATH=prefill (moe_layer.cu's pick_config, where the
-// default runs gemm.cuh's wgmma tiles), which it is slower than so far (docs/performance.md,
-// "2026-12-01"). Tests: tests/gpu/test_gpu_moe_prefill.cpp (they set the switch); timing:
-// MXMOE_MOE_PATH=prefill bench_moe.
+// default runs gemm.cuh's wgmma tiles). Tests: tests/gpu/test_gpu_moe_prefill.cpp (they set the
+// switch); timing: MXMOE_MOE_PATH=prefill bench_moe.
 #pragma once
 
 #include <cuda.h>
@@ -51,6 +57,7 @@
 
 #include <cute/arch/copy_sm90_desc.hpp>
 #include <cute/arch/mma_sm90_gmma.hpp>
+#include <cutlass/arch/reg_reconfig.h>
 
 #include "mxmoe/layout.h"
 
@@ -62,6 +69,10 @@
 #include "prefill_pipeline.cuh"
 #include "prefill_schedule.cuh"
 
+#if defined(__CUDA_ARCH__) && !defined(CUDA_CTA_RECONFIG_ACTIVATED)
+#error "the prefill GEMM needs setmaxnreg: compile it for sm_90a"
+#endif
+
 namespace mxmoe::cuda::sm90 {
 
 // Columns of an activation box (prefill_launch.cu encodes the maps, the kernel loads them): one
@@ -70,7 +81,9 @@ inline constexpr int kPrefillBoxCols = 64;
 
 template <int NMAX_, int A_STAGES_, int B_STAGES_>
 struct prefill_tile {
-  static constexpr int ROW_TILES = 8;  // 16-row fragment tiles per CTA: 128 weight rows
+  static constexpr int CONSUMER_GROUPS = 3;             // warpgroups of 64 weight rows
+  static constexpr int CONSUMER_WARPS = 4 * CONSUMER_GROUPS;
+  static constexpr int ROW_TILES = CONSUMER_WARPS;      // 16-row fragment tiles per CTA: 192 weight rows
   static constexpr int NMAX = NMAX_;   // pairs per scheduled tile
   static constexpr int N_STEP = 16;    // granularity of the per-tile wgmma N
   static constexpr int WIDTHS = NMAX / N_STEP;
@@ -84,13 +97,19 @@ struct prefill_tile {
   static constexpr int A_STAGE_BYTES = A_CODE_BYTES + ROW_TILES * A_KSTEPS * TILE_SCALES;
   static constexpr int B_ROW_BYTES = kPrefillBoxCols * 2;
   static constexpr int B_STAGE_BYTES = NMAX * B_ROW_BYTES;
-  // 10 warps: two of the four schedulers hold three, so at most 168 registers per thread.
-  static constexpr int CONSUMER_WARPS = 8, WEIGHT_WARP = 8, ACTIVATION_WARP = 9, THREADS = 320;
+  // The producer warpgroup follows the consumers: warp 0 of it loads weights, warp 1 activations.
+  static constexpr int WEIGHT_WARP = CONSUMER_WARPS, ACTIVATION_WARP = CONSUMER_WARPS + 1;
+  static constexpr int THREADS = 32 * CONSUMER_WARPS + 128;
+  // 512 threads start with 128 registers each (the whole register file); the producers give 96
+  // of theirs back, the consumers take 32 more: 128 x 32 + 384 x 160 = 65536.
+  static constexpr int PRODUCER_REGISTERS = 32, CONSUMER_REGISTERS = 160;
   // Shared memory, from a 1024-byte aligned base: [B slots][A slots][barriers].
   static constexpr int A_OFFSET = B_STAGES * B_STAGE_BYTES;
   static constexpr int BAR_OFFSET = A_OFFSET + A_STAGES * A_STAGE_BYTES;
   static constexpr int SMEM_BYTES = 1024 + BAR_OFFSET + 2 * (A_STAGES + B_STAGES) * 8;
   static_assert(NMAX % N_STEP == 0 && NMAX <= 176, "per-tile wgmma widths: multiples of 16 up to 176 (mma.cuh)");
+  static_assert(THREADS == 512 && 128 * PRODUCER_REGISTERS + 384 * CONSUMER_REGISTERS == 65536,
+                "the register split fills the register file of one CTA per SM");
   static_assert(B_STAGE_BYTES % 1024 == 0,
                 "B slots stay 1024-byte aligned: the swizzle is a function of address bits 4..9");
   static_assert(A_STAGE_BYTES % 128 == 0, "TMA destinations are 128-byte aligned");
@@ -98,8 +117,8 @@ struct prefill_tile {
 };
 
 // The two instantiations (one per translation unit); rings sized to fill the 227 KB.
-using prefill_narrow_tile = prefill_tile<64, 9, 8>;  // 8..48 pairs per expert: weight streaming
-using prefill_wide_tile = prefill_tile<176, 6, 5>;   // more: tensor-core bound (176: 167 of 168 registers)
+using prefill_narrow_tile = prefill_tile<64, 7, 5>;  // 8..48 pairs per expert: weight streaming
+using prefill_wide_tile = prefill_tile<176, 4, 5>;   // more: tensor-core bound (176: 156 of 160 registers, no spills)
 
 // The kernel's tensor maps (prefill_launch.cu encodes them for every launch).
 template <int WIDTHS>
@@ -359,18 +378,23 @@ __global__ void __launch_bounds__(Cfg::THREADS, 1)
   detail::wait_for_previous_grid();
   detail::allow_dependent_launch();
   const prefill_grid pg = make_prefill_grid<Cfg::ROW_TILES>(w, ws);
-  if (warp == Cfg::WEIGHT_WARP) {
-    if (lane == 0) {
-      cute::prefetch_tma_descriptor(reinterpret_cast<const cute::TmaDescriptor*>(&maps.codes));
-      cute::prefetch_tma_descriptor(reinterpret_cast<const cute::TmaDescriptor*>(&maps.scales));
-      load_weights<Cfg>(sm, maps, ws, pg);
+  // setmaxnreg is executed by every warp of a warpgroup, before any of them leaves.
+  if (warp >= Cfg::CONSUMER_WARPS) {
+    cutlass::arch::warpgroup_reg_dealloc<Cfg::PRODUCER_REGISTERS>();
+    if (warp == Cfg::WEIGHT_WARP) {
+      if (lane == 0) {
+        cute::prefetch_tma_descriptor(reinterpret_cast<const cute::TmaDescriptor*>(&maps.codes));
+        cute::prefetch_tma_descriptor(reinterpret_cast<const cute::TmaDescriptor*>(&maps.scales));
+        load_weights<Cfg>(sm, maps, ws, pg);
+      }
+    } else if (warp == Cfg::ACTIVATION_WARP) {
+      if (lane < Cfg::WIDTHS)
+        cute::prefetch_tma_descriptor(reinterpret_cast<const cute::TmaDescriptor*>(&maps.rows[lane]));
+      __syncwarp();
+      if (lane == 0) load_activations<Cfg>(sm, maps, ws, pg);
     }
-  } else if (warp == Cfg::ACTIVATION_WARP) {
-    if (lane < Cfg::WIDTHS)
-      cute::prefetch_tma_descriptor(reinterpret_cast<const cute::TmaDescriptor*>(&maps.rows[lane]));
-    __syncwarp();
-    if (lane == 0) load_activations<Cfg>(sm, maps, ws, pg);
   } else {
+    cutlass::arch::warpgroup_reg_alloc<Cfg::CONSUMER_REGISTERS>();
     consume<Cfg>(sm, w, ws, ep, act, pg);
   }
 }
