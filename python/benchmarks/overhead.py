@@ -5,9 +5,13 @@
     python python/benchmarks/overhead.py --device cpu --tokens 0      # CPU: T = 0 (no work)
 
 Every path is timed the same way: batches of --iters calls (no synchronization inside a batch;
-the device is synchronized before and after each), --repeats batches, the median per call. On
-CUDA that is the time to enqueue a forward; batches stay short so that the GPU never holds the
-host back (--iters * kernels per forward is far below the launch queue's depth).
+the device is synchronized before and after each), --repeats rounds, each round one batch of every
+path in turn, the median per call. On CUDA that is the time to enqueue a forward; batches stay
+short so that the GPU never holds the host back (--iters * kernels per forward is far below the
+launch queue's depth). "added" is the median over the rounds of (path - cxx) in the same round:
+the GPU machine's host drifts by several microseconds between leases and within one (2026-12-05:
+torch's empty op 2.1 us in one lease, 3.6-4.2 in others), and timing the paths one after another
+let that drift land on one path only.
   cxx         mxmoe::moe_forward called from a C++ loop (mxmoe_moe_forward_timed): the library
   c_abi       mxmoe_moe_forward through ctypes with every argument prepared beforehand
   hotpath     the extension's forward (mxmoe._hotpath.moe_forward) called directly, out and
@@ -53,28 +57,33 @@ from mxmoe import _lib, _tensor
 TARGET_US = 5.0
 
 
-def per_call_us(fn, iters: int, repeats: int, sync) -> float:
-    samples = []
-    for _ in range(repeats):
-        sync()
-        t0 = time.perf_counter()
-        for _ in range(iters):
-            fn()
-        samples.append((time.perf_counter() - t0) / iters * 1e6)
-        sync()
-    return statistics.median(samples)
+def batch_us(fn, iters: int, sync) -> float:
+    """Host time per call of one batch of `iters` calls."""
+    sync()
+    t0 = time.perf_counter()
+    for _ in range(iters):
+        fn()
+    us = (time.perf_counter() - t0) / iters * 1e6
+    sync()
+    return us
 
 
-def cxx_per_call_us(call_args, iters: int, repeats: int, sync) -> float:
-    """The same batches, timed inside the library's C++ loop."""
+def cxx_batch_us(call_args, iters: int, sync) -> float:
+    """The same batch, timed inside the library's C++ loop."""
     seconds = ctypes.c_double()
-    samples = []
+    sync()
+    _lib.check(_lib.lib.mxmoe_moe_forward_timed(*call_args, iters, ctypes.byref(seconds)))
+    sync()
+    return seconds.value / iters * 1e6
+
+
+def interleaved_us(timers: dict, repeats: int) -> dict:
+    """Per name, the per-call times of `repeats` rounds; a round times every batch once, in turn."""
+    samples = {name: [] for name in timers}
     for _ in range(repeats):
-        sync()
-        _lib.check(_lib.lib.mxmoe_moe_forward_timed(*call_args, iters, ctypes.byref(seconds)))
-        samples.append(seconds.value / iters * 1e6)
-        sync()
-    return statistics.median(samples)
+        for name, timer in timers.items():
+            samples[name].append(timer())
+    return samples
 
 
 def gpu_us_per_forward(graph, n: int = 200) -> float:
@@ -182,12 +191,20 @@ def main() -> int:
             for _ in range(args.iters):
                 fn()
         sync()
-        results = {"cxx": cxx_per_call_us(call_args, args.iters, args.repeats, sync)}
-        results.update({name: per_call_us(fn, args.iters, args.repeats, sync) for name, fn in paths.items()})
-        piece_us = {name: per_call_us(fn, args.iters, args.repeats, lambda: None) for name, fn in pieces.items()}
-    base = results["cxx"]
-    added = {name: us - base for name, us in results.items() if name != "cxx"}
-    ours = results["torch_op"] - results["torch_noop"] - base
+        timers = {"cxx": lambda: cxx_batch_us(call_args, args.iters, sync)}
+        timers.update({name: (lambda fn=fn: batch_us(fn, args.iters, sync)) for name, fn in paths.items()})
+        samples = interleaved_us(timers, args.repeats)
+        piece_samples = interleaved_us({name: (lambda fn=fn: batch_us(fn, args.iters, lambda: None))
+                                        for name, fn in pieces.items()}, args.repeats)
+    results = {name: statistics.median(v) for name, v in samples.items()}
+    piece_us = {name: statistics.median(v) for name, v in piece_samples.items()}
+
+    def added_in_rounds(name: str, minus: tuple = ("cxx",)) -> float:
+        return statistics.median(
+            x - sum(samples[m][r] for m in minus) for r, x in enumerate(samples[name]))
+
+    added = {name: added_in_rounds(name) for name in results if name != "cxx"}
+    ours = added_in_rounds("torch_op", ("torch_noop", "cxx"))
     gpu_us = gpu_us_per_forward(graph) if cuda else None
     where = f"{args.device} ({mxmoe.cuda.device_name(dev.index or 0)})" if cuda else "cpu"
     print(f"{where}, T = {t}, {args.preset} E = {cfg.experts}, H = {cfg.hidden}, I = {cfg.intermediate}, "
