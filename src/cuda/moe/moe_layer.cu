@@ -27,11 +27,11 @@ size_t align_up(size_t v) { return (v + kAlign - 1) / kAlign * kAlign; }
 //   "legacy": the sequence before the decode GEMM and the one-CTA plan (memset, four routing
 //     kernels, gemm.cuh's 16-token mma.sync tile, plain launches): for A/B measurements and as a
 //     fallback;
-//   "prefill": experimental: the persistent warp-specialized GEMMs of gemm_prefill.cuh wherever
-//     the default runs gemm.cuh's wgmma tiles (x gathered into sorted order first). 4-8 % faster
-//     than those at T >= 8192 for four of the six model shapes, slower for the other two and
-//     mixed below (docs/performance.md, "commit 7543060"): no shape rule separates them, so it is
-//     for A/B measurements and the work on that kernel; its tests set it.
+//   "prefill": the persistent warp-specialized GEMMs of gemm_prefill.cuh wherever the default
+//     runs gemm.cuh's wgmma tiles (x gathered into sorted order first). With three consumer
+//     warpgroups (76c94be) 0.69-1.01x the default's layer time over the six model shapes at
+//     T = 256-16384 on an H200 (docs/performance.md, "2026-12-05 (fifth session)"); not the
+//     default until the whole GPU suite has run with it (branch prefill-default). Its tests set it.
 enum class moe_path { standard, legacy, prefill };
 
 moe_path requested_path() {
