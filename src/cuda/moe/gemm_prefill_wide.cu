@@ -1,6 +1,6 @@
 // moe/gemm_prefill_wide.cu — the prefill GEMM instantiated for more than 48 pairs per expert
-// (prefill proper, tensor-core bound): tiles of up to 176 pairs, a 6-stage weight ring (24
-// K-steps) and a 5-stage activation ring of 22 KB slots.
+// (prefill proper, tensor-core bound): tiles of up to 176 pairs, a 4-stage weight ring (16
+// K-steps of 192 rows) and a 5-stage activation ring of 22 KB slots.
 #include "gemm_prefill.cuh"
 
 namespace mxmoe::cuda::sm90 {
