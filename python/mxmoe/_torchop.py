@@ -1,7 +1,8 @@
-"""The C++ kernel of ``torch.ops.mxmoe.moe_forward``: ``libmxmoe_torch.so``
-(python/native/torch_op.cpp), registered with torch's dispatcher through PyTorch's stable ABI.
+"""The C++ kernels of ``torch.ops.mxmoe.moe_forward`` and ``moe_forward_out``:
+``libmxmoe_torch.so`` (python/native/torch_op.cpp), registered with torch's dispatcher through
+PyTorch's stable ABI.
 
-:mod:`mxmoe.torch` loads it (:func:`load`) after ``import torch`` and defining the op's schema:
+:mod:`mxmoe.torch` loads it (:func:`load`) after ``import torch`` and defining the ops' schemas:
 loading registers its CPU and CUDA kernels. It is found next to the library (like
 ``_hotpath.abi3.so``: build/lib/ or the installed package) and built only where torch >= 2.10
 was importable when the package was built. ``MXMOE_TORCH_NATIVE=0`` in the environment keeps it

@@ -18,8 +18,13 @@ Ops (shapes as in :func:`mxmoe.quantize`, :func:`mxmoe.dequantize`, :func:`mxmoe
     moe_forward(Tensor x, Tensor? logits, Tensor? topk_ids, Tensor? topk_weights, int layer) -> Tensor
         ``layer`` is :attr:`mxmoe.PreparedMoE.id`; a closed or collected layer raises
         InvalidArgument.
+    moe_forward_out(Tensor x, Tensor? logits, Tensor? topk_ids, Tensor? topk_weights, int layer,
+                    Tensor(a!) out) -> ()
+        the same forward written into ``out`` ([T, H], contiguous, on x's device; CPU: f32 | bf16,
+        CUDA: bf16, as :func:`mxmoe.moe_forward`'s ``out``): no allocation per call (what an
+        engine that owns its buffers wants).
 
-The kernel of ``moe_forward`` is C++ (libmxmoe_torch.so, mxmoe/_torchop.py) where the package was
+The kernels of ``moe_forward`` and ``moe_forward_out`` are C++ (libmxmoe_torch.so, mxmoe/_torchop.py) where the package was
 built with torch importable: ``NATIVE_OP`` says whether it is in use, and ``NATIVE_OP_REASON``
 why not. Otherwise (and with ``MXMOE_TORCH_NATIVE=0``) the extension's C function is registered
 as the kernel from Python, as before, ~5 us slower per call; importing this module then warns
@@ -135,12 +140,23 @@ def _moe_forward_fake(x, logits, topk_ids, topk_weights, layer):
     return torch.empty_like(x, memory_format=torch.contiguous_format)
 
 
+def _moe_forward_out_fake(x, logits, topk_ids, topk_weights, layer, out):
+    _moe.live_layer(layer)
+
+
+def _moe_forward_out_py(x, logits, topk_ids, topk_weights, layer, out):
+    """moe_forward_out's kernel registered from Python: the extension's forward into ``out``."""
+    _lib.hotpath.moe_forward(_moe.live_layer(layer), x, logits, topk_ids, topk_weights, out, None, None)
+
+
 def _register_moe_forward() -> tuple[_torchop.NativeOps | None, str | None]:
     """Defines moe_forward and registers its kernel: the C++ op library's (loading it after the
     schema is defined registers it), or else the extension's own function (hotpath.c,
     torch_moe_forward(x, logits, topk_ids, topk_weights, layer)), which the dispatcher calls
     through Python objects. Returns the library, or None and why it is not used."""
     _ops.define("moe_forward(Tensor x, Tensor? logits, Tensor? topk_ids, Tensor? topk_weights, int layer) -> Tensor")
+    _ops.define("moe_forward_out(Tensor x, Tensor? logits, Tensor? topk_ids, Tensor? topk_weights, int layer, "
+                "Tensor(a!) out) -> ()")
     native, why = _torchop.load(_moe.CACHED_WORKSPACE_BYTES)
     if native is not None:
         for ref in list(_moe._live_layers.values()):  # layers prepared before this import
@@ -151,6 +167,7 @@ def _register_moe_forward() -> tuple[_torchop.NativeOps | None, str | None]:
         return native, None
     for key in ("CPU", "CUDA"):
         _ops.impl("moe_forward", _lib.hotpath.torch_moe_forward, key)
+        _ops.impl("moe_forward_out", _moe_forward_out_py, key)
     if not why.startswith(_torchop.DISABLE_ENV):
         warnings.warn(f"mxmoe.torch: torch.ops.mxmoe.moe_forward runs the kernel registered from Python (about 5 us "
                       f"more per call than the C++ one) because {why}", RuntimeWarning, stacklevel=2)
@@ -163,6 +180,7 @@ NATIVE_OP: bool = _native is not None
 """Whether torch.ops.mxmoe.moe_forward's CPU and CUDA kernel is the C++ one (libmxmoe_torch.so);
 NATIVE_OP_REASON says why not."""
 torch.library.register_fake("mxmoe::moe_forward", _moe_forward_fake, lib=_ops)
+torch.library.register_fake("mxmoe::moe_forward_out", _moe_forward_out_fake, lib=_ops)
 
 
 def quantize(x: torch.Tensor, rule: str = "even",
@@ -186,11 +204,18 @@ def dequantize(packed: torch.Tensor, scales: torch.Tensor, scale_layout: str = "
 
 
 def moe_forward(layer: "_moe.PreparedMoE", x: torch.Tensor, *, logits: torch.Tensor | None = None,
-                topk_ids: torch.Tensor | None = None, topk_weights: torch.Tensor | None = None) -> torch.Tensor:
+                topk_ids: torch.Tensor | None = None, topk_weights: torch.Tensor | None = None,
+                out: torch.Tensor | None = None) -> torch.Tensor:
     """``torch.ops.mxmoe.moe_forward`` on a :class:`~mxmoe.PreparedMoE`: x [T, H] -> out [T, H]
-    of x's dtype (see :func:`mxmoe.moe_forward`). Bad input raises mxmoe's exceptions
-    (:class:`~mxmoe.InvalidArgument` naming the argument, ...) on either kernel."""
+    of x's dtype (see :func:`mxmoe.moe_forward`); with ``out`` ([T, H], contiguous, on x's
+    device; CPU: f32 | bf16, CUDA: bf16) ``torch.ops.mxmoe.moe_forward_out`` writes it and it is
+    returned. Bad input
+    raises mxmoe's exceptions (:class:`~mxmoe.InvalidArgument` naming the argument, ...) on
+    either kernel."""
     try:
+        if out is not None:
+            _moe_forward_out_op(x, logits, topk_ids, topk_weights, layer.id, out)
+            return out
         return _moe_forward_op(x, logits, topk_ids, topk_weights, layer.id)
     except (ValueError, RuntimeError) as e:  # the C++ kernel's, through torch (translate says)
         error = _torchop.translate(e)
@@ -200,3 +225,4 @@ def moe_forward(layer: "_moe.PreparedMoE", x: torch.Tensor, *, logits: torch.Ten
 
 
 _moe_forward_op = torch.ops.mxmoe.moe_forward.default
+_moe_forward_out_op = torch.ops.mxmoe.moe_forward_out.default

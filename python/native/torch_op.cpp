@@ -1,4 +1,5 @@
-// libmxmoe_torch.so: the kernel of torch.ops.mxmoe.moe_forward (CPU and CUDA) in C++, registered
+// libmxmoe_torch.so: the kernels of torch.ops.mxmoe.moe_forward and moe_forward_out (the same
+// forward into the caller's output) (CPU and CUDA) in C++, registered
 // with torch's dispatcher through PyTorch's stable ABI (torch/csrc/stable: STABLE_TORCH_LIBRARY_IMPL,
 // the aoti_torch_* C shim), so that a forward through the op touches no Python object.
 //
@@ -36,9 +37,10 @@
 // torch. No Python: the same file loads on every Python version, and (stable ABI, built for
 // TORCH_TARGET_VERSION 2.10) on torch 2.10 and later.
 //
-// Limits: moe_forward only (quantize / dequantize stay registered from Python: their cost per
-// call matters less); the caller must not close a layer while another thread captures a CUDA
-// graph in global mode (freeing its kept workspace calls cudaFree, which CUDA refuses then).
+// Limits: moe_forward and moe_forward_out only (quantize / dequantize stay registered from
+// Python: their cost per call matters less); the caller must not close a layer while another
+// thread captures a CUDA graph in global mode (freeing its kept workspace calls cudaFree, which
+// CUDA refuses then).
 #include <dlfcn.h>
 
 #include <atomic>
@@ -339,31 +341,61 @@ workspace workspace_for(layer& l, const arg& x, void* stream) {
 
 const mxmoe_tensor* ptr(const std::optional<arg>& a) { return a ? &a->t : nullptr; }
 
+// The layer an op names by id, bound to the C ABI.
+std::shared_ptr<layer> live_layer(int64_t layer_id) {
+  if (!bound.load(std::memory_order_acquire))
+    raise(MXMOE_ERR_INTERNAL, "libmxmoe_torch.so is loaded but not bound to the C ABI: import mxmoe.torch");
+  std::shared_ptr<layer> l = find_layer(layer_id);
+  if (!l) invalid("layer", "a live PreparedMoE", "id " + std::to_string(layer_id) + ", which was closed or collected");
+  return l;
+}
+
+// One forward into `vout`, after x and out were read: the stream, the workspace, the routing
+// tensors, the call.
+void forward_into(layer& l, const arg& vx, mxmoe_tensor* vout, const std::optional<Tensor>& logits,
+                  const std::optional<Tensor>& topk_ids, const std::optional<Tensor>& topk_weights) {
+  void* stream = vx.t.device_type == MXMOE_DEVICE_CUDA ? current_cuda_stream(vx.t.device_id) : nullptr;
+  workspace ws;
+  if (l.device_type == MXMOE_DEVICE_CUDA) ws = workspace_for(l, vx, stream);
+  const std::optional<arg> vlogits = read(logits, "routing.logits");
+  const std::optional<arg> vids = read(topk_ids, "routing.ids");
+  const std::optional<arg> vweights = read(topk_weights, "routing.weights");
+  check(abi.forward(l.handle, &vx.t, ptr(vlogits), ptr(vids), ptr(vweights), vout, ws.ptr, ws.bytes, stream));
+}
+
 // moe_forward(Tensor x, Tensor? logits, Tensor? topk_ids, Tensor? topk_weights, int layer) -> Tensor,
 // in the order of hotpath.c's forward (so the first bad argument is the one named).
 Tensor moe_forward(const Tensor& x, const std::optional<Tensor>& logits, const std::optional<Tensor>& topk_ids,
                    const std::optional<Tensor>& topk_weights, int64_t layer_id) {
-  if (!bound.load(std::memory_order_acquire))
-    raise(MXMOE_ERR_INTERNAL, "libmxmoe_torch.so is loaded but not bound to the C ABI: import mxmoe.torch");
-  const std::shared_ptr<layer> l = find_layer(layer_id);
-  if (!l) invalid("layer", "a live PreparedMoE", "id " + std::to_string(layer_id) + ", which was closed or collected");
+  const std::shared_ptr<layer> l = live_layer(layer_id);
   const arg vx = read(x, "x");
   mxmoe_tensor vout;
   Tensor out = empty_contiguous(vx, &vout);
-  void* stream = vx.t.device_type == MXMOE_DEVICE_CUDA ? current_cuda_stream(vx.t.device_id) : nullptr;
-  workspace ws;
-  if (l->device_type == MXMOE_DEVICE_CUDA) ws = workspace_for(*l, vx, stream);
-  const std::optional<arg> vlogits = read(logits, "routing.logits");
-  const std::optional<arg> vids = read(topk_ids, "routing.ids");
-  const std::optional<arg> vweights = read(topk_weights, "routing.weights");
-  check(abi.forward(l->handle, &vx.t, ptr(vlogits), ptr(vids), ptr(vweights), &vout, ws.ptr, ws.bytes, stream));
+  forward_into(*l, vx, &vout, logits, topk_ids, topk_weights);
   return out;
+}
+
+// moe_forward_out(Tensor x, Tensor? logits, Tensor? topk_ids, Tensor? topk_weights, int layer,
+// Tensor(a!) out) -> (): the same forward into the caller's `out` ([T, H], contiguous, on x's
+// device, a dtype the backend writes: the library checks), no allocation.
+void moe_forward_out(const Tensor& x, const std::optional<Tensor>& logits, const std::optional<Tensor>& topk_ids,
+                     const std::optional<Tensor>& topk_weights, int64_t layer_id, Tensor out) {
+  const std::shared_ptr<layer> l = live_layer(layer_id);
+  const arg vx = read(x, "x");
+  arg vout = read(out, "out");
+  forward_into(*l, vx, &vout.t, logits, topk_ids, topk_weights);
 }
 
 }  // namespace
 
-STABLE_TORCH_LIBRARY_IMPL(mxmoe, CPU, m) { m.impl("moe_forward", TORCH_BOX(&moe_forward)); }
-STABLE_TORCH_LIBRARY_IMPL(mxmoe, CUDA, m) { m.impl("moe_forward", TORCH_BOX(&moe_forward)); }
+STABLE_TORCH_LIBRARY_IMPL(mxmoe, CPU, m) {
+  m.impl("moe_forward", TORCH_BOX(&moe_forward));
+  m.impl("moe_forward_out", TORCH_BOX(&moe_forward_out));
+}
+STABLE_TORCH_LIBRARY_IMPL(mxmoe, CUDA, m) {
+  m.impl("moe_forward", TORCH_BOX(&moe_forward));
+  m.impl("moe_forward_out", TORCH_BOX(&moe_forward_out));
+}
 
 // ---- what the Python package calls (mxmoe/_torchop.py, through ctypes) ------------------------
 

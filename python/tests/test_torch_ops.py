@@ -44,6 +44,8 @@ def test_opcheck_moe_forward():
     layer = mxmoe.prepare(CONFIGS["gpt_oss"], **make_weights())
     x, logits = torch.randn(5, H), torch.randn(5, E)
     torch.library.opcheck(torch.ops.mxmoe.moe_forward.default, (x, logits, None, None, layer.id))
+    torch.library.opcheck(torch.ops.mxmoe.moe_forward_out.default,
+                          (x, logits, None, None, layer.id, torch.empty_like(x)))
 
 
 def test_ops_equal_the_plain_functions():
@@ -105,6 +107,25 @@ def test_compiled_moe_forward_with_dynamic_tokens(backend):
         assert torch.allclose(block(x), want, rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
+def test_compiled_moe_forward_into_a_buffer(backend):
+    """moe_forward_out under torch.compile: the mutation of ``out`` is traced (functionalized) and
+    the caller's buffer holds the result, as in eager."""
+    layer = mxmoe.prepare(CONFIGS["qwen3"], **make_weights())
+
+    @torch.compile(backend=backend, fullgraph=True)
+    def block(x, logits, out):
+        mt.moe_forward(layer, x * 2, logits=logits, out=out)
+        return out + 1
+
+    for tokens in (4, 9):
+        x, logits = torch.randn(tokens, H), torch.randn(tokens, E)
+        out = torch.empty(tokens, H)
+        got = block(x, logits, out)
+        want = mxmoe.moe_forward(layer, x * 2, logits=logits)
+        assert torch.equal(out, want) and torch.equal(got, want + 1)
+
+
 @requires_cuda
 def test_compiled_cuda_graph_mode():
     layer = mxmoe.prepare(CONFIGS["gpt_oss"], device="cuda", **make_weights())
@@ -123,10 +144,10 @@ def test_compiled_cuda_graph_mode():
 # ---- moe_forward's C++ kernel (libmxmoe_torch.so) ------------------------------------------------
 
 
-def kernel_file(key: str) -> str:
+def kernel_file(key: str, op: str = "mxmoe::moe_forward") -> str:
     """Where torch says the op's kernel for dispatch key ``key`` was registered."""
-    match = re.search(rf"^{key}: registered at (\S+?):\d+", torch._C._dispatch_dump("mxmoe::moe_forward"), re.M)
-    assert match, torch._C._dispatch_dump("mxmoe::moe_forward")
+    match = re.search(rf"^{key}: registered at (\S+?):\d+", torch._C._dispatch_dump(op), re.M)
+    assert match, torch._C._dispatch_dump(op)
     return os.path.basename(match[1])
 
 
@@ -139,6 +160,8 @@ def test_the_cpp_kernel_is_in_use():
     assert NATIVE_LIBRARY.is_file(), f"{NATIVE_LIBRARY} was not built: {mt.NATIVE_OP_REASON}"
     assert mt.NATIVE_OP and mt.NATIVE_OP_REASON is None
     assert kernel_file("CPU") == kernel_file("CUDA") == "torch_op.cpp"
+    out = "mxmoe::moe_forward_out"
+    assert kernel_file("CPU", out) == kernel_file("CUDA", out) == "torch_op.cpp"
 
 
 @pytest.mark.parametrize("name", sorted(KINDS))
@@ -159,6 +182,8 @@ def test_op_equals_the_plain_forward_bitwise(name, source, dtype):
                                                    args.get("topk_weights"), layer.id), got)
     empty = mt.moe_forward(layer, x[:0], **{k: v[:0] for k, v in args.items()})
     assert empty.shape == (0, H) and empty.dtype == dtype
+    out = torch.full_like(x, float("nan"))  # every element written
+    assert mt.moe_forward(layer, x, **args, out=out) is out and torch.equal(out, got)
 
 
 def same_error(op, direct):
@@ -193,6 +218,11 @@ def test_bad_input_raises_what_the_plain_forward_raises():
             args = {"x": x, "logits": logits, **v}
             e = same_error(lambda: mt.moe_forward(layer, **args), lambda: mxmoe.moe_forward(layer, **args))
             assert isinstance(e, mxmoe.InvalidArgument) and e.argument == argument, (argument, v, e)
+    out = torch.empty(5, H)
+    for v in [dict(out=out.double()), dict(out=out[:4]), dict(out=torch.empty(H, 5).t()), dict(out=out.int())]:
+        args = {"x": x, "logits": logits, **v}
+        e = same_error(lambda: mt.moe_forward(layer, **args), lambda: mxmoe.moe_forward(layer, **args))
+        assert isinstance(e, mxmoe.InvalidArgument) and e.argument == "out", (v, e)
     with pytest.raises(ValueError) as raw:  # torch.ops directly: torch's ValueError from the C++ kernel
         torch.ops.mxmoe.moe_forward(x.double(), logits, None, None, layer.id)
     message = "argument 'x': expected dtype bf16 | f16 | f32 | u8 | i32 | i64, got float64"
@@ -237,14 +267,19 @@ after = w.prepare("cpu")
 x, logits = mxmoe.synthetic_inputs(w, 3, seed=1)
 for layer in (before, after):
     assert torch.equal(mt.moe_forward(layer, x, logits=logits), mxmoe.moe_forward(layer, x, logits=logits))
+    out = torch.empty_like(x)
+    assert mt.moe_forward(layer, x, logits=logits, out=out) is out
+    assert torch.equal(out, mxmoe.moe_forward(layer, x, logits=logits))
 try:
     mt.moe_forward(after, x, logits=logits[:2])
     raise AssertionError("no error")
 except mxmoe.InvalidArgument as e:
     assert e.argument == "routing.logits", e
 before.close()
-kernel = re.search(r"^CPU: registered at (\S+?):", torch._C._dispatch_dump("mxmoe::moe_forward"), re.M)[1]
-print(json.dumps({"native": mt.NATIVE_OP, "reason": mt.NATIVE_OP_REASON, "kernel": kernel.rsplit("/", 1)[-1],
+kernels = {re.search(r"^CPU: registered at (\S+?):", torch._C._dispatch_dump(op), re.M)[1].rsplit("/", 1)[-1]
+           for op in ("mxmoe::moe_forward", "mxmoe::moe_forward_out")}
+assert len(kernels) == 1, kernels
+print(json.dumps({"native": mt.NATIVE_OP, "reason": mt.NATIVE_OP_REASON, "kernel": kernels.pop(),
                   "warnings": [str(m.message) for m in caught if m.category is RuntimeWarning]}))
 """
 
@@ -310,8 +345,10 @@ def test_cuda_op_keeps_a_workspace_per_stream_and_replays_graphs_bitwise():
     assert torch.equal(on_side, want) and side.cuda_stream in set(op_workspaces(layer))
     kept = set(op_workspaces(layer))
     graph = torch.cuda.CUDAGraph()
+    buffer = torch.empty_like(x)  # moe_forward_out's, written by every replay
     with torch.cuda.graph(graph):
         out = mt.moe_forward(layer, x, logits=logits)
+        mt.moe_forward(layer, x, logits=logits, out=buffer)
     assert set(op_workspaces(layer)) == kept  # the capture took memory of its own
     for _ in range(3):
         x.copy_(torch.randn(4, H, device="cuda").bfloat16())
@@ -320,6 +357,7 @@ def test_cuda_op_keeps_a_workspace_per_stream_and_replays_graphs_bitwise():
         eager = mt.moe_forward(layer, x, logits=logits)
         torch.cuda.synchronize()
         assert torch.equal(out, eager) and torch.equal(eager, mxmoe.moe_forward(layer, x, logits=logits))
+        assert torch.equal(buffer, eager)
     del graph
     layer.close()
     assert op_workspaces(layer) == {}
