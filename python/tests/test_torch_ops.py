@@ -374,3 +374,21 @@ def test_cuda_op_bad_input_raises_what_the_plain_forward_raises():
                            ("routing.logits", dict(x=x, logits=logits[:3])), ("routing", dict(x=x))]:
         e = same_error(lambda: mt.moe_forward(layer, **args), lambda: mxmoe.moe_forward(layer, **args))
         assert e.argument.startswith(argument), (argument, e)
+
+
+@requires_cuda
+def test_cuda_forward_of_zero_tokens_returns_an_empty_output_on_every_path():
+    """T = 0 on CUDA: torch gives zero-size CUDA tensors a null data pointer, which must read as
+    an empty tensor that was given, not as a missing argument (logits, or ids and weights)."""
+    layer = mxmoe.prepare(CONFIGS["gpt_oss"], device="cuda", **make_weights())
+    x, logits = torch.empty(0, H, device="cuda", dtype=torch.bfloat16), torch.empty(0, E, device="cuda")
+    ids = torch.empty(0, layer.config.top_k, device="cuda", dtype=torch.int32)
+    weights = torch.empty(0, layer.config.top_k, device="cuda")
+    assert x.data_ptr() == 0 and logits.data_ptr() == 0  # what the fix is about
+    for routing in (dict(logits=logits), dict(topk_ids=ids, topk_weights=weights)):
+        for forward in (mxmoe.moe_forward, mt.moe_forward):
+            out = forward(layer, x, **routing)
+            assert out.shape == (0, H) and out.device == x.device, forward
+        assert mt.moe_forward(layer, x, **routing, out=torch.empty_like(x)).shape == (0, H)
+    with pytest.raises(mxmoe.InvalidArgument, match="'routing'"):
+        mxmoe.moe_forward(layer, x)

@@ -326,6 +326,17 @@ TEST(GpuMoeInput, BadInputIsRejectedAndNothingIsWritten) {
                 dout.view(dtype::bf16, {0, H}), ws.data(), ws.size());
   dout.download(out.data(), out.size() * 2);
   for (uint16_t v : out) ASSERT_EQ(v, 0xABABu);
+  // T = 0 as torch hands it over: zero-size CUDA tensors have a null data pointer; they are given
+  // (they have a shape), and routing that is truly absent is still refused.
+  auto null_view = [](dtype t, std::vector<int64_t> shape) { return tensor_view(nullptr, t, std::move(shape), device_kind::cuda); };
+  const int64_t k = cfg.routing.top_k;
+  layer.forward(null_view(dtype::bf16, {0, H}), routing_input{null_view(dtype::f32, {0, E}), {}, {}},
+                null_view(dtype::bf16, {0, H}), ws.data(), ws.size());
+  layer.forward(null_view(dtype::bf16, {0, H}), routing_input{{}, null_view(dtype::i32, {0, k}), null_view(dtype::f32, {0, k})},
+                null_view(dtype::bf16, {0, H}), ws.data(), ws.size());
+  expect_reject([&] { layer.forward(null_view(dtype::bf16, {0, H}), routing_input{}, null_view(dtype::bf16, {0, H}), ws.data(), ws.size()); }, "routing");
+  dout.download(out.data(), out.size() * 2);
+  for (uint16_t v : out) ASSERT_EQ(v, 0xABABu);
 }
 
 }  // namespace

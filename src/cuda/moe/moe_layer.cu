@@ -295,12 +295,15 @@ void moe_layer::forward(const tensor_view& x, const routing_input& routing, cons
   validate_moe_io(x, out, c);
   const int64_t T = x.dim(0);
   MXMOE_CHECK_ARG(T <= 65536, "x", "at most 65536 tokens", std::to_string(T));
-  const bool precomputed = !routing.ids.empty();
+  // Presence by is_absent (no data and no shape), not by the data pointer: torch hands out a null
+  // pointer for a zero-size CUDA tensor, and logits [0, E] at T = 0 are given, not missing.
+  const routing_source source = routing_source_of(routing);
+  const bool precomputed = source == routing_source::precomputed;
   if (precomputed) {
     check_operand(routing.ids, "routing.ids", device);
     check_operand(routing.weights, "routing.weights", device);
   } else {
-    MXMOE_CHECK_ARG(!routing.logits.empty(), "routing", "logits [T, E] or ids and weights [T, k] on the device",
+    MXMOE_CHECK_ARG(source == routing_source::logits, "routing", "logits [T, E] or ids and weights [T, k] on the device",
                     "nothing");
     check_operand(routing.logits, "routing.logits", device);
   }
