@@ -18,7 +18,7 @@ import torch
 
 import mxmoe
 import mxmoe.torch as mt
-from conftest import requires_cuda
+from conftest import CUDA_SKIP_REASON, requires_cuda
 from mxmoe import _moe, _torchop
 from test_moe import CONFIGS, E, H, KINDS, kind_layer, make_weights, op_workspaces, routing_args
 
@@ -376,15 +376,18 @@ def test_cuda_op_bad_input_raises_what_the_plain_forward_raises():
         assert e.argument.startswith(argument), (argument, e)
 
 
-@requires_cuda
-def test_cuda_forward_of_zero_tokens_returns_an_empty_output_on_every_path():
-    """T = 0 on CUDA: torch gives zero-size CUDA tensors a null data pointer, which must read as
-    an empty tensor that was given, not as a missing argument (logits, or ids and weights)."""
-    layer = mxmoe.prepare(CONFIGS["gpt_oss"], device="cuda", **make_weights())
-    x, logits = torch.empty(0, H, device="cuda", dtype=torch.bfloat16), torch.empty(0, E, device="cuda")
-    ids = torch.empty(0, layer.config.top_k, device="cuda", dtype=torch.int32)
-    weights = torch.empty(0, layer.config.top_k, device="cuda")
-    assert x.data_ptr() == 0 and logits.data_ptr() == 0  # what the fix is about
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=[
+    pytest.mark.cuda, pytest.mark.skipif(CUDA_SKIP_REASON is not None, reason=CUDA_SKIP_REASON or "")])])
+def test_forward_of_zero_tokens_returns_an_empty_output_on_every_path(device):
+    """T = 0: torch gives zero-size tensors a null data pointer, which must read as an empty tensor
+    that was given, not as a missing argument (logits, or ids and weights): through mxmoe.moe_forward
+    and both torch ops, on the CPU backend and on CUDA (where the layer took null logits for absent
+    routing until 918da41)."""
+    layer = mxmoe.prepare(CONFIGS["gpt_oss"], device=device, **make_weights())
+    k = layer.config.top_k
+    x, logits = torch.empty(0, H, device=device, dtype=torch.bfloat16), torch.empty(0, E, device=device)
+    ids, weights = torch.empty(0, k, device=device, dtype=torch.int32), torch.empty(0, k, device=device)
+    assert x.data_ptr() == 0 and logits.data_ptr() == 0  # what the test is about
     for routing in (dict(logits=logits), dict(topk_ids=ids, topk_weights=weights)):
         for forward in (mxmoe.moe_forward, mt.moe_forward):
             out = forward(layer, x, **routing)
