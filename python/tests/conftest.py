@@ -17,11 +17,16 @@ def _cuda_reason() -> str | None:
 
 
 CUDA_SKIP_REASON = _cuda_reason()
+# A test (or a parameter: pytest.param("cuda", marks=CUDA_MARKS)) marked `cuda`, skipped with the
+# reason where the CUDA backend cannot run.
+CUDA_MARKS = (pytest.mark.cuda, pytest.mark.skipif(CUDA_SKIP_REASON is not None, reason=CUDA_SKIP_REASON or ""))
 
 
 def requires_cuda(test):
     """Marks a test `cuda` and skips it, with the reason, where the CUDA backend cannot run."""
-    return pytest.mark.cuda(pytest.mark.skipif(CUDA_SKIP_REASON is not None, reason=CUDA_SKIP_REASON or "")(test))
+    for mark in CUDA_MARKS:
+        test = mark(test)
+    return test
 
 
 def pytest_configure(config):

@@ -18,7 +18,7 @@ import torch
 
 import mxmoe
 import mxmoe.torch as mt
-from conftest import CUDA_SKIP_REASON, requires_cuda
+from conftest import CUDA_MARKS, requires_cuda
 from mxmoe import _moe, _torchop
 from test_moe import CONFIGS, E, H, KINDS, kind_layer, make_weights, op_workspaces, routing_args
 
@@ -376,8 +376,7 @@ def test_cuda_op_bad_input_raises_what_the_plain_forward_raises():
         assert e.argument.startswith(argument), (argument, e)
 
 
-@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=[
-    pytest.mark.cuda, pytest.mark.skipif(CUDA_SKIP_REASON is not None, reason=CUDA_SKIP_REASON or "")])])
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=CUDA_MARKS)])
 def test_forward_of_zero_tokens_returns_an_empty_output_on_every_path(device):
     """T = 0: torch gives zero-size tensors a null data pointer, which must read as an empty tensor
     that was given, not as a missing argument (logits, or ids and weights): through mxmoe.moe_forward

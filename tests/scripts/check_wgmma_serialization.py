@@ -22,6 +22,7 @@ import subprocess
 import sys
 import tempfile
 
+ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 WGMMA_HEADERS = ("gemm.cuh", "gemm_prefill.cuh")
 SERIALIZED = re.compile(r"\((C75\d\d)\)[^\n]*wgmma\.mma_async instructions are serialized ([^\n]*)")
 INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"', re.M)
@@ -47,7 +48,6 @@ def recompile(entry, obj):
     for i, a in enumerate(args[:-1]):
         if a == "-o":
             args[i + 1] = obj
-    args = [a for a in args if not a.startswith("-MF") and a not in ("-MD", "-MMD")]
     done = subprocess.run(args, cwd=entry["directory"], capture_output=True, text=True)
     return done.returncode, done.stdout + done.stderr
 
@@ -70,7 +70,7 @@ def main():
     failures = 0
     with tempfile.TemporaryDirectory() as tmp:
         for n, entry in enumerate(units):
-            name = os.path.relpath(entry["file"], os.path.dirname(os.path.abspath(db)) + "/..")
+            name = os.path.relpath(entry["file"], ROOT)
             rc, out = recompile(entry, os.path.join(tmp, f"{n}.o"))
             if rc != 0:
                 print(f"FAILED: {name} did not compile (exit {rc}):\n{out}")

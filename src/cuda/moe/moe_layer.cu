@@ -31,7 +31,8 @@ size_t align_up(size_t v) { return (v + kAlign - 1) / kAlign * kAlign; }
 //     runs gemm.cuh's wgmma tiles (x gathered into sorted order first). With three consumer
 //     warpgroups (76c94be) 0.69-1.01x the default's layer time over the six model shapes at
 //     T = 256-16384 on an H200 (docs/performance.md, "2026-12-05 (fifth session)"); not the
-//     default until the whole GPU suite has run with it (branch prefill-default). Its tests set it.
+//     default yet (the branch that made it the default lost time at T = 16384 on an H100:
+//     docs/performance.md, "What limits it now"). Its tests set it.
 enum class moe_path { standard, legacy, prefill };
 
 moe_path requested_path() {
