@@ -43,9 +43,8 @@
 // prefill_wide_tile above.
 // A programmatic dependent launch (pdl.cuh): every CTA waits for the previous kernel after
 // initialising its barriers, before any global memory access.
-// Experimental: run only with MXMOE_MOE_PATH=prefill (moe_layer.cu's pick_config, where the
-// default runs gemm.cuh's wgmma tiles). Tests: tests/gpu/test_gpu_moe_prefill.cpp (they set the
-// switch); timing: MXMOE_MOE_PATH=prefill bench_moe.
+// Selected by moe_layer.cu's pick_config beyond the decode GEMM (MXMOE_MOE_PATH=tiles runs
+// gemm.cuh's wgmma tiles there instead, for A/B timing). Tests: tests/gpu/test_gpu_moe_prefill.cpp.
 #pragma once
 
 #include <cuda.h>
@@ -55,6 +54,7 @@
 #include <cstdint>
 #include <utility>
 
+#include <cute/arch/cluster_sm90.hpp>
 #include <cute/arch/copy_sm90_desc.hpp>
 #include <cute/arch/mma_sm90_gmma.hpp>
 #include <cutlass/arch/reg_reconfig.h>
@@ -189,10 +189,12 @@ __device__ void load_activations(const prefill_smem<Cfg>& sm, const prefill_maps
 
 // ---- consumers ---------------------------------------------------------------------------
 
+// Called after a wgmma.wait_group, which the whole warp executes together: the wgmmas that read
+// the slot are complete for every lane, so one elected lane releases it (elect.sync: no
+// divergent branch around the arrive).
 template <class Cfg>
 __device__ __forceinline__ void release_activations(const prefill_smem<Cfg>& sm, int slot) {
-  __syncwarp();
-  if ((threadIdx.x & 31) == 0) detail::arrive(sm.b_empty(slot));
+  if (cute::elect_one_sync()) detail::arrive(sm.b_empty(slot));
 }
 
 // The four wgmma m64nNk16 of one K-step (k16 steps j = 0..3 of the slot's 64 k), N = 16·n16:
@@ -227,10 +229,11 @@ __device__ __forceinline__ void wgmma_kstep(int n16, const uint32_t (&a)[4][4], 
 
 // One K-step of a warpgroup on the activation slot, then a wait until only these wgmmas are in
 // flight: the previous step's are complete, so its slot (the one before, unless this is the
-// item's first K-step) is released and its A registers may be overwritten. One main loop serves
-// every tile width (a uniform branch per K-step picks the instruction), so all widths share the
+// item's first K-step) is released and its A registers may be overwritten. FULL: the tile is
+// NMAX wide (most tiles of a prefill), one instruction; otherwise one main loop serves every
+// narrower width (a uniform branch per K-step picks the instruction), so all widths share the
 // accumulators and ptxas pipelines the wgmmas.
-template <class Cfg>
+template <class Cfg, bool FULL>
 __device__ __forceinline__ void mma_kstep(const prefill_smem<Cfg>& sm, int n16, uint32_t (&a)[4][4],
                                           float (&acc)[Cfg::NMAX / 2], detail::ring_pos<Cfg::B_STAGES>& b,
                                           bool release_previous) {
@@ -241,7 +244,10 @@ __device__ __forceinline__ void mma_kstep(const prefill_smem<Cfg>& sm, int n16, 
   for (int j = 0; j < 4; ++j)
 #pragma unroll
     for (int r = 0; r < 4; ++r) cute::warpgroup_fence_operand(a[j][r]);
-  wgmma_kstep<Cfg, 1, Cfg::WIDTHS>(n16, a, detail::sw128_desc(sm.b_slot(b.slot)), acc);
+  if constexpr (FULL)
+    wgmma_kstep<Cfg::NMAX>(a, detail::sw128_desc(sm.b_slot(b.slot)), acc);
+  else
+    wgmma_kstep<Cfg, 1, Cfg::WIDTHS - 1>(n16, a, detail::sw128_desc(sm.b_slot(b.slot)), acc);
   cute::warpgroup_wait<1>();
 #pragma unroll
   for (int i = 0; i < Cfg::NMAX / 2; ++i) cute::warpgroup_fence_operand(acc[i]);
@@ -262,28 +268,26 @@ __device__ __forceinline__ const uint8_t* fragment_scales(const prefill_smem<Cfg
          ((threadIdx.x & 31) >> 2) * 4;
 }
 
-template <class Cfg>
-__device__ void consume_item(const prefill_smem<Cfg>& sm, const prefill_grid& pg, int64_t item, const gemm_weights& w,
-                             const moe_workspace& ws, epilogue_kind ep, const activation_config& act,
-                             detail::ring_pos<Cfg::A_STAGES>& a_pos, detail::ring_pos<Cfg::B_STAGES>& b_pos) {
+// A warp past the matrix's last row tile (a partial last row block) keeps zero A registers: its
+// rows are computed and dropped. (Converting whatever its slot rows hold instead, without the
+// test, made ptxas serialize every wgmma: C7513, "non wgmma instructions defining input
+// registers".)
+template <class Cfg, bool FULL>
+__device__ void consume_item(const prefill_smem<Cfg>& sm, const prefill_grid& pg, int64_t item, int n16,
+                             const gemm_weights& w, const moe_workspace& ws, epilogue_kind ep,
+                             const activation_config& act, detail::ring_pos<Cfg::A_STAGES>& a_pos,
+                             detail::ring_pos<Cfg::B_STAGES>& b_pos) {
   const int ksteps = pg.ksteps;
   const int local_tile = threadIdx.x >> 5;  // warp q of warpgroup h: row tile 4h + q of the block
-  bool rows_valid;
-  int n16;
-  {  // the epilogue reads the item again
-    const prefill_item it = prefill_item_at<Cfg::ROW_TILES>(ws, pg, item);
-    rows_valid = local_tile < it.row_tiles;
-    n16 = __shfl_sync(0xFFFFFFFFu, (it.count + Cfg::N_STEP - 1) / Cfg::N_STEP, 0);
-  }
   float acc[Cfg::NMAX / 2];
 #pragma unroll
   for (int i = 0; i < Cfg::NMAX / 2; ++i) acc[i] = 0.0f;
-  // Zero A for a warp past the matrix's last row tile: its rows are computed and dropped.
   uint32_t a0[4][4] = {}, a1[4][4] = {};
   // A warp's fragment share of a K-step: two in registers at a time (the one being converted and
   // the next), read two K-steps ahead; K-steps past K are zeros in the slot (read, not used).
   uint4 codes[2] = {};
   uint32_t scales[2] = {};
+  const bool rows_valid = local_tile < prefill_item_at<Cfg::ROW_TILES>(ws, pg, item).row_tiles;
   const auto read_fragment = [&](int slot, int j) {
     if (!rows_valid) return;
     codes[j & 1] = *reinterpret_cast<const uint4*>(fragment_codes(sm, slot, local_tile, j));
@@ -302,21 +306,24 @@ __device__ void consume_item(const prefill_smem<Cfg>& sm, const prefill_grid& pg
       if (j + 3 == Cfg::A_KSTEPS) {  // the stage's last read is issued: release the slot
         detail::fence_reads_before_copies();
         __syncwarp();
-        if ((threadIdx.x & 31) == 0) detail::arrive(sm.a_empty(a_pos.slot));
+        if (cute::elect_one_sync()) detail::arrive(sm.a_empty(a_pos.slot));
         a_pos.advance();
       }
-      if (live) mma_kstep<Cfg>(sm, n16, a, acc, b_pos, ks + j > 0);
+      if (live) mma_kstep<Cfg, FULL>(sm, n16, a, acc, b_pos, ks + j > 0);
     }
   }
+  // The epilogue's loads overlap the last K-step's wgmmas.
+  const prefill_item it = prefill_item_at<Cfg::ROW_TILES>(ws, pg, item);
+  const prefill_epilogue_inputs<Cfg::NMAX> inputs = load_prefill_epilogue_inputs<Cfg::NMAX>(it, local_tile, w, ws, ep);
   cute::warpgroup_wait<0>();
 #pragma unroll
   for (int i = 0; i < Cfg::NMAX / 2; ++i) cute::warpgroup_fence_operand(acc[i]);
   release_activations(sm, b_pos.slot == 0 ? Cfg::B_STAGES - 1 : b_pos.slot - 1);  // the last K-step's
-  store_prefill_item<Cfg::NMAX>(acc, prefill_item_at<Cfg::ROW_TILES>(ws, pg, item), local_tile, w, ws, ep, act);
+  store_prefill_item<Cfg::NMAX>(acc, inputs, it, local_tile, w, ws, ep, act);
 }
 
 // A warpgroup whose 64 rows are all past the matrix (the last row block of a matrix with
-// row_tiles % 8 <= 4) only keeps the rings' arrival counts.
+// row_tiles % 12 <= 8) only keeps the rings' arrival counts.
 template <class Cfg>
 __device__ void skip_item(const prefill_smem<Cfg>& sm, int ksteps, detail::ring_pos<Cfg::A_STAGES>& a_pos,
                           detail::ring_pos<Cfg::B_STAGES>& b_pos) {
@@ -345,7 +352,11 @@ __device__ void consume(const prefill_smem<Cfg>& sm, const gemm_weights& w, cons
       skip_item<Cfg>(sm, pg.ksteps, a_pos, b_pos);
       continue;
     }
-    consume_item<Cfg>(sm, pg, i, w, ws, ep, act, a_pos, b_pos);
+    const int n16 = __shfl_sync(0xFFFFFFFFu, (it.count + Cfg::N_STEP - 1) / Cfg::N_STEP, 0);
+    if (n16 == Cfg::WIDTHS)
+      consume_item<Cfg, true>(sm, pg, i, n16, w, ws, ep, act, a_pos, b_pos);
+    else
+      consume_item<Cfg, false>(sm, pg, i, n16, w, ws, ep, act, a_pos, b_pos);
   }
 }
 
