@@ -15,8 +15,9 @@
 #   CUDA, CUDA graphs, checkpoints, the Hugging Face models) and python/benchmarks/overhead.py, with
 #   the source package and $MXMOE_LIBRARY (default $BIN/../lib/libmxmoe_c.so): no install;
 #   python.json and python.log
-#   moe-prefill (not in the default steps): the layer benchmark again with MXMOE_MOE_PATH=prefill
-#   (the experimental prefill GEMMs, docs/moe_layer.md) into bench_moe_prefill.json, after `moe`
+#   moe-tiles (not in the default steps): the layer benchmark again with MXMOE_MOE_PATH=tiles
+#   (gemm.cuh's wgmma tiles instead of the prefill GEMMs, docs/moe_layer.md) into
+#   bench_moe_tiles.json, after `moe`
 #   MXMOE_TOKENS   token counts for the layer benchmark (default 1,8,32,64,128,512,2048,8192,16384)
 #   MXMOE_SHAPES   shapes (default: the six of docs/models.md)
 #   MXMOE_COMMIT   commit recorded in the JSON
@@ -133,10 +134,10 @@ if has moe; then
     2>&1 | tee -a "$LOG" || status=1
   [ -f "$OUT/bench_moe.json" ] && python3 bench/plot_roofline.py "$OUT/bench_moe.json" "$OUT/roofline.png" >>"$LOG" 2>&1
 fi
-if has moe-prefill; then
-  step "MoE layer benchmark, MXMOE_MOE_PATH=prefill (experimental)"
-  MXMOE_MOE_PATH=prefill timeout 480 "$BIN/bench_moe" --shapes "$SHAPES" --tokens "$TOKENS" \
-    --json "$OUT/bench_moe_prefill.json" --commit "$COMMIT (MXMOE_MOE_PATH=prefill)" 2>&1 | tee -a "$LOG" || status=1
+if has moe-tiles; then
+  step "MoE layer benchmark, MXMOE_MOE_PATH=tiles (the wgmma tiles, for comparison)"
+  MXMOE_MOE_PATH=tiles timeout 480 "$BIN/bench_moe" --shapes "$SHAPES" --tokens "$TOKENS" \
+    --json "$OUT/bench_moe_tiles.json" --commit "$COMMIT (MXMOE_MOE_PATH=tiles)" 2>&1 | tee -a "$LOG" || status=1
 fi
 if has python; then
   step "Python on the GPU"

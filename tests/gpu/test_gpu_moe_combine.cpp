@@ -83,7 +83,7 @@ void expect_zero_row(const std::vector<uint16_t>& out, int64_t H, int64_t t, con
 // A layer holding 6 of 16 experts (the others map to -1): tokens t % 3 == 0 have every slot held
 // elsewhere, the others a mix. T = 1: no tile at all (every GEMM2 CTA only writes zero rows);
 // 6: 8-token decode tiles; 37: 16-token tiles, route rows of 3 row blocks (the last one partial);
-// 200: the mid wgmma tile and the separate combine kernel (both must agree on the zero rows).
+// 200: the narrow prefill GEMM and the separate combine kernel (both must agree on the zero rows).
 TEST(GpuMoeCombine, ExpertMapDropsSlotsAndEmptyTokensGetZeroRows) {
   std::mt19937 rng(71);
   const moe_config cfg = make_cfg(16, 352, 224, 4, routing_kind::softmax_topk, activation_kind::swiglu_clamped,

@@ -1,11 +1,11 @@
-// GPU tests of the experimental prefill path (MXMOE_MOE_PATH=prefill, docs/moe_layer.md): the
-// persistent warp-specialized GEMMs of src/cuda/moe/gemm_prefill.cuh, which moe_layer.cu's
-// pick_config runs under that switch wherever the default runs the wgmma tiles (more than 20
-// pairs per expert or more than 8,192 pairs): narrow (tiles of <= 64 pairs) up to 48 pairs per
-// expert on average, wide (tiles of <= 176) above. Every test here sets the switch for the layers
-// it builds (scoped_moe_path) and checks, from a captured forward, that the gather and both
-// prefill GEMMs are what runs. Against the CPU reference, with the tolerances of
-// docs/moe_layer.md; every case runs twice on 0xFF-filled buffers and must match bitwise.
+// GPU tests of the prefill GEMMs (docs/moe_layer.md): the persistent warp-specialized GEMMs of
+// src/cuda/moe/gemm_prefill.cuh, which moe_layer.cu's pick_config runs beyond the decode GEMM
+// (more than 20 pairs per expert or more than 8,192 pairs): narrow (tiles of <= 64 pairs) up to 48
+// pairs per expert on average, wide (tiles of <= 176) above. Every test here builds its layers
+// with MXMOE_MOE_PATH=default (scoped_moe_path: whatever the caller's environment says) and
+// checks, from a captured forward, that the gather and both prefill GEMMs are what runs. Against
+// the CPU reference, with the tolerances of docs/moe_layer.md; every case runs twice on
+// 0xFF-filled buffers and must match bitwise.
 //
 // Shapes come from the kernel's tiles: blocks of 192 weight rows, three consumer warpgroups of 64
 // (2880 and 5760 = 15 and 30 whole blocks; 544 = 34 row tiles and 352 = 22: the last block has a
@@ -62,14 +62,14 @@ moe_config prefill_config_of(const shape_case& sc) {
 class GpuMoePrefill : public testing::TestWithParam<shape_case> {};
 
 TEST_P(GpuMoePrefill, SwitchRunsThePrefillKernels) {
-  const scoped_moe_path path("prefill");
+  const scoped_moe_path path("default");
   const shape_case& sc = GetParam();
   std::mt19937 rng(2026);
   expect_prefill_kernels(make_moe(prefill_config_of(sc), sc.biases, rng), sc.tokens, sc.name);
 }
 
 TEST_P(GpuMoePrefill, MatchesReference) {
-  const scoped_moe_path path("prefill");
+  const scoped_moe_path path("default");
   std::mt19937 rng(2027);
   expect_shape_matches(GetParam(), prefill_config_of(GetParam()), rng);
 }
@@ -113,7 +113,7 @@ INSTANTIATE_TEST_SUITE_P(
 // Precomputed routing (slot p of the T * k slots on expert ids[p]), checked like the rest.
 void expect_precomputed_matches(const moe_config& cfg, int64_t T, const std::vector<int32_t>& ids, const char* what,
                                 unsigned seed) {
-  const scoped_moe_path path("prefill");
+  const scoped_moe_path path("default");
   std::mt19937 rng(seed);
   const host_moe m = make_moe(cfg, true, rng);
   expect_prefill_kernels(m, {T}, what);
@@ -151,7 +151,7 @@ TEST(GpuMoePrefillRouting, UnevenExpertsNarrow) {
 // The tensor maps are encoded at capture and travel as kernel parameters: replays with new
 // inputs in the captured buffers must still match. 150 pairs per expert (wide), 37.5 (narrow).
 TEST(GpuMoePrefillGraph, CapturedForwardReplaysWithNewInputs) {
-  const scoped_moe_path path("prefill");
+  const scoped_moe_path path("default");
   std::mt19937 rng(41);
   for (const int64_t E : {16, 64}) {
     const moe_config cfg = make_cfg(E, 352, 224, 4, routing_kind::topk_softmax, activation_kind::swiglu_clamped,
@@ -170,7 +170,7 @@ TEST(GpuMoePrefillGraph, CapturedForwardReplaysWithNewInputs) {
 // I = 96 is 1.5 K-steps (a zero-filled K tail; one weight stage, half of it past K); 2I = 192 and H end in
 // half-empty row blocks. Enough work items that CTAs run several.
 void expect_small_case_matches(const moe_config& cfg, int64_t T, bool biases, const char* what, unsigned seed) {
-  const scoped_moe_path path("prefill");
+  const scoped_moe_path path("default");
   std::mt19937 rng(seed);
   const host_moe m = make_moe(cfg, biases, rng);
   expect_prefill_kernels(m, {T}, what);
@@ -190,42 +190,53 @@ TEST(GpuMoePrefillSanitize, Narrow) {  // 32 pairs per expert
                             512, false, "sanitize narrow", 47);
 }
 
-// The switch itself: unset and "default" never run the prefill kernels (main's behaviour);
-// "prefill" leaves the decode GEMM where the default runs it; other values are rejected when
-// the layer is built, naming the variable.
-TEST(GpuMoePrefillPath, OnlyTheSwitchSelectsThePrefillKernels) {
+// The switch itself: unset and "default" run the decode GEMM at 2 pairs per expert and the
+// prefill GEMMs at 150; "tiles" runs gemm.cuh's wgmma tile at 150 (and the decode GEMM at 2);
+// other values (the former "prefill" among them) are rejected when the layer is built, naming the
+// variable.
+TEST(GpuMoePrefillPath, DefaultRunsThePrefillKernelsAndTilesTheWgmmaTiles) {
   std::mt19937 rng(53);
   const moe_config cfg = make_cfg(8, 352, 224, 2, routing_kind::softmax_topk, activation_kind::silu_mul,
                                   layout::gate_up_order::concatenated);
   const host_moe m = make_moe(cfg, false, rng);
-  for (const char* value : {static_cast<const char*>(nullptr), "", "default"}) {
+  for (const char* value : {static_cast<const char*>(nullptr), "", "default", "tiles"}) {
     const scoped_moe_path path(value);
     const cuda::moe_layer layer(m.weights(), cfg);
-    for (const int64_t T : {8, 600}) {  // 2 and 150 pairs per expert: decode, large
-      std::vector<std::string> names;
-      forward_kernel_names(layer, T, &names);
-      const std::string what = std::string("MXMOE_MOE_PATH=") + (value ? value : "(unset)") + " T=" + std::to_string(T);
-      EXPECT_EQ(count_containing(names, kPrefillGemm) + count_containing(names, kGather), 0) << what;
-      EXPECT_EQ(count_containing(names, T == 8 ? "moe_gemm_decode_kernel" : "moe_gemm_kernel"), 2) << what;
+    const std::string what = std::string("MXMOE_MOE_PATH=") + (value ? value : "(unset)");
+    std::vector<std::string> names;
+    forward_kernel_names(layer, 8, &names);  // 2 pairs per expert
+    EXPECT_EQ(count_containing(names, kPrefillGemm) + count_containing(names, kGather), 0) << what << " T=8";
+    EXPECT_EQ(count_containing(names, "moe_gemm_decode_kernel"), 2) << what << " T=8";
+    forward_kernel_names(layer, 600, &names);  // 150 pairs per expert
+    if (value != nullptr && std::string(value) == "tiles") {
+      EXPECT_EQ(count_containing(names, kPrefillGemm) + count_containing(names, kGather), 0) << what << " T=600";
+      EXPECT_EQ(count_containing(names, "moe_gemm_kernel"), 2) << what << " T=600";
+    } else {
+      expect_prefill_kernels(names, what + " T=600");
     }
   }
-  {
-    const scoped_moe_path path("prefill");
-    const cuda::moe_layer layer(m.weights(), cfg);
-    std::vector<std::string> names;
-    forward_kernel_names(layer, 8, &names);
-    EXPECT_EQ(count_containing(names, kPrefillGemm) + count_containing(names, kGather), 0) << "prefill T=8";
-    EXPECT_EQ(count_containing(names, "moe_gemm_decode_kernel"), 2) << "prefill T=8";
-    forward_kernel_names(layer, 600, &names);
-    expect_prefill_kernels(names, "prefill T=600");
+  for (const char* rejected : {"prefil", "prefill"}) {
+    const scoped_moe_path path(rejected);
+    try {
+      const cuda::moe_layer layer(m.weights(), cfg);
+      ADD_FAILURE() << "MXMOE_MOE_PATH=" << rejected << " accepted";
+    } catch (const invalid_argument& e) {
+      EXPECT_NE(std::string(e.what()).find("MXMOE_MOE_PATH"), std::string::npos) << e.what();
+    }
   }
-  const scoped_moe_path path("prefil");
-  try {
-    const cuda::moe_layer layer(m.weights(), cfg);
-    ADD_FAILURE() << "MXMOE_MOE_PATH=prefil accepted";
-  } catch (const invalid_argument& e) {
-    EXPECT_NE(std::string(e.what()).find("MXMOE_MOE_PATH"), std::string::npos) << e.what();
-  }
+}
+
+// The wgmma tiles that "tiles" (and the legacy path) still run, against the reference: mid (32
+// pairs per expert) and large (150), with residues of their 128-row and 64/128-token tiles.
+TEST(GpuMoePrefillPath, TilesMatchReference) {
+  const scoped_moe_path path("tiles");
+  std::mt19937 rng(54);
+  for (const shape_case& sc :
+       {shape_case{"tiles_mid_odd", 16, 544, 352, 2, routing_kind::softmax_topk, activation_kind::swiglu_clamped,
+                   layout::gate_up_order::interleaved, true, {256}},
+        shape_case{"tiles_large", 8, 352, 224, 2, routing_kind::softmax_topk, activation_kind::silu_mul,
+                   layout::gate_up_order::concatenated, false, {600}}})
+    expect_shape_matches(sc, config_of(sc), rng);
 }
 
 }  // namespace

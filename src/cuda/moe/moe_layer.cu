@@ -23,25 +23,25 @@ constexpr size_t kAlign = 256;
 size_t align_up(size_t v) { return (v + kAlign - 1) / kAlign * kAlign; }
 
 // The launch sequence, from MXMOE_MOE_PATH (read once per layer, when it is constructed):
-//   unset or "default": pick_config's tiles below;
+//   unset or "default": pick_config's choice below: the decode GEMM up to 20 pairs per expert,
+//     the persistent warp-specialized GEMMs of gemm_prefill.cuh above (x gathered into sorted
+//     order first);
+//   "tiles": gemm.cuh's wgmma tiles (mid, large) where the default runs the prefill GEMMs, as the
+//     default did until 2026-12-05: for A/B measurements (the prefill GEMMs were 0.69-1.01x their
+//     time over six model shapes at T = 256-16384 on an H200, docs/performance.md, "2026-12-05
+//     (fifth session)");
 //   "legacy": the sequence before the decode GEMM and the one-CTA plan (memset, four routing
 //     kernels, gemm.cuh's 16-token mma.sync tile, plain launches): for A/B measurements and as a
-//     fallback;
-//   "prefill": the persistent warp-specialized GEMMs of gemm_prefill.cuh wherever the default
-//     runs gemm.cuh's wgmma tiles (x gathered into sorted order first). With three consumer
-//     warpgroups (76c94be) 0.69-1.01x the default's layer time over the six model shapes at
-//     T = 256-16384 on an H200 (docs/performance.md, "2026-12-05 (fifth session)"); not the
-//     default yet (the branch that made it the default lost time at T = 16384 on an H100:
-//     docs/performance.md, "What limits it now"). Its tests set it.
-enum class moe_path { standard, legacy, prefill };
+//     fallback.
+enum class moe_path { standard, tiles, legacy };
 
 moe_path requested_path() {
   const char* v = std::getenv("MXMOE_MOE_PATH");
   if (v == nullptr || *v == '\0') return moe_path::standard;
   const std::string s(v);
-  MXMOE_CHECK_ARG(s == "default" || s == "legacy" || s == "prefill", "MXMOE_MOE_PATH",
-                  "unset, 'default', 'legacy' or 'prefill'", s);
-  return s == "legacy" ? moe_path::legacy : s == "prefill" ? moe_path::prefill : moe_path::standard;
+  MXMOE_CHECK_ARG(s == "default" || s == "tiles" || s == "legacy", "MXMOE_MOE_PATH",
+                  "unset, 'default', 'tiles' or 'legacy'", s);
+  return s == "legacy" ? moe_path::legacy : s == "tiles" ? moe_path::tiles : moe_path::standard;
 }
 
 // Pairs per touched expert if routing were uniform (host-known: no sync): what the tile choices
@@ -59,10 +59,9 @@ gemm_config pick_config(int64_t tokens, int top_k, int64_t experts, moe_path pat
   if (path == moe_path::legacy)
     return per_expert <= 16 ? gemm_config::legacy_decode : per_expert <= 64 ? gemm_config::mid : gemm_config::large;
   if (pairs <= sm90::kPlanMaxPairs && per_expert <= 20) return gemm_config::decode;
+  if (path == moe_path::tiles) return per_expert <= 64 ? gemm_config::mid : gemm_config::large;
   // The prefill GEMMs' narrow tiles (64 pairs, deep weight ring) where experts get few pairs.
-  if (path == moe_path::prefill) return per_expert <= 48 ? gemm_config::prefill_narrow : gemm_config::prefill_wide;
-  if (per_expert <= 64) return gemm_config::mid;
-  return gemm_config::large;
+  return per_expert <= 48 ? gemm_config::prefill_narrow : gemm_config::prefill_wide;
 }
 
 // Tokens per tile of the decode GEMM. A tile never holds more than T pairs (a token picks an
@@ -190,7 +189,7 @@ moe_layer::moe_layer(const moe_weights& w, const moe_config& cfg, const std::vec
   m.cfg = cfg;
   m.path = requested_path();
   sm90::prepare_gemm_kernels();
-  if (m.path == moe_path::prefill) sm90::prepare_prefill_kernels();
+  if (m.path == moe_path::standard) sm90::prepare_prefill_kernels();
   sm90::prepare_plan_kernel();
   int sms = 0;
   MXMOE_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, current_device()));
