@@ -86,6 +86,11 @@ struct prefill_tile {
   static constexpr int ROW_TILES = CONSUMER_WARPS;      // 16-row fragment tiles per CTA: 192 weight rows
   static constexpr int NMAX = NMAX_;   // pairs per scheduled tile
   static constexpr int N_STEP = 16;    // granularity of the per-tile wgmma N
+  // A main loop of its own for full-width tiles (one wgmma instruction, no width branch): for the
+  // 176-wide tile ptxas serialized every wgmma of that loop (C7512, "insufficient register
+  // resources"; found 2026-12-05 after an H100 run where this kernel lost 4-14 % at T = 16384),
+  // so only narrower tiles have it.
+  static constexpr bool FULL_WIDTH_LOOP = NMAX_ <= 64;
   static constexpr int WIDTHS = NMAX / N_STEP;
   static constexpr int A_STAGES = A_STAGES_, B_STAGES = B_STAGES_;
   static constexpr int A_KSTEPS = 4;  // K-steps per weight stage
@@ -247,7 +252,7 @@ __device__ __forceinline__ void mma_kstep(const prefill_smem<Cfg>& sm, int n16, 
   if constexpr (FULL)
     wgmma_kstep<Cfg::NMAX>(a, detail::sw128_desc(sm.b_slot(b.slot)), acc);
   else
-    wgmma_kstep<Cfg, 1, Cfg::WIDTHS - 1>(n16, a, detail::sw128_desc(sm.b_slot(b.slot)), acc);
+    wgmma_kstep<Cfg, 1, Cfg::FULL_WIDTH_LOOP ? Cfg::WIDTHS - 1 : Cfg::WIDTHS>(n16, a, detail::sw128_desc(sm.b_slot(b.slot)), acc);
   cute::warpgroup_wait<1>();
 #pragma unroll
   for (int i = 0; i < Cfg::NMAX / 2; ++i) cute::warpgroup_fence_operand(acc[i]);
@@ -353,7 +358,7 @@ __device__ void consume(const prefill_smem<Cfg>& sm, const gemm_weights& w, cons
       continue;
     }
     const int n16 = __shfl_sync(0xFFFFFFFFu, (it.count + Cfg::N_STEP - 1) / Cfg::N_STEP, 0);
-    if (n16 == Cfg::WIDTHS)
+    if (Cfg::FULL_WIDTH_LOOP && n16 == Cfg::WIDTHS)
       consume_item<Cfg, true>(sm, pg, i, n16, w, ws, ep, act, a_pos, b_pos);
     else
       consume_item<Cfg, false>(sm, pg, i, n16, w, ws, ep, act, a_pos, b_pos);
