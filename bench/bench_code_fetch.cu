@@ -68,12 +68,12 @@ __global__ void straight_line(float a, float b, float* out, unsigned long long* 
 
 using kernel_fn = void (*)(float, float, float*, unsigned long long*);
 
-struct sized {
-  int n;
-  kernel_fn timed;
+struct straight_line_kernel {
+  int instructions;
+  kernel_fn fn;
 };
 
-const sized kSizes[] = {
+const straight_line_kernel kSizes[] = {
     {256, straight_line<256, 0>},
     {1024, straight_line<1024, 0>},
     {4096, straight_line<4096, 0>},
@@ -131,17 +131,17 @@ int main(int argc, char** argv) {
   constexpr int kCases = 4;
   std::printf("%6s %6s %5s | %16s | %16s | %16s | %16s | %s\n", "instr", "KB", "CTAs", names[0], names[1], names[2],
               names[3], "dram - warm, ns per KB");
-  for (const sized& s : kSizes) {
+  for (const straight_line_kernel& s : kSizes) {
     for (int ctas : {1, sms}) {
       std::vector<double> span_us[kCases], event_us[kCases];
       for (int it = 0; it < iters + 2; ++it) {
         for (int c = 0; c < kCases; ++c) {
-          if (c == 0 || c == 1) s.timed<<<ctas, threads>>>(1.0001f, 0.5f, out, span);  // ours in the L2
+          if (c == 0 || c == 1) s.fn<<<ctas, threads>>>(1.0001f, 0.5f, out, span);  // ours in the L2
           if (c == 1 || c == 3) kEvict<<<sms, threads>>>(1.0001f, 0.5f, out, span);
           if (c == 2 || c == 3) MXMOE_CUDA_CHECK(cudaMemsetAsync(flush, it & 0xFF, flush_bytes));
           MXMOE_CUDA_CHECK(cudaMemsetAsync(span, 0, sizeof(unsigned long long)));
           MXMOE_CUDA_CHECK(cudaEventRecord(e0));
-          s.timed<<<ctas, threads>>>(1.0001f, 0.5f, out, span);
+          s.fn<<<ctas, threads>>>(1.0001f, 0.5f, out, span);
           MXMOE_CUDA_CHECK(cudaEventRecord(e1));
           MXMOE_CUDA_CHECK(cudaGetLastError());
           MXMOE_CUDA_CHECK(cudaEventSynchronize(e1));
@@ -155,12 +155,12 @@ int main(int argc, char** argv) {
           }
         }
       }
-      const double kb = s.n * 16.0 / 1024.0;
+      const double kb = s.instructions * 16.0 / 1024.0;
       double sp[kCases], ev[kCases];
       for (int c = 0; c < kCases; ++c) sp[c] = median(span_us[c]), ev[c] = median(event_us[c]);
-      std::printf("%6d %6.0f %5d | %7.2f (%6.2f) | %7.2f (%6.2f) | %7.2f (%6.2f) | %7.2f (%6.2f) | %.0f\n", s.n, kb, ctas,
+      std::printf("%6d %6.0f %5d | %7.2f (%6.2f) | %7.2f (%6.2f) | %7.2f (%6.2f) | %7.2f (%6.2f) | %.0f\n", s.instructions, kb, ctas,
                   sp[0], ev[0], sp[1], ev[1], sp[2], ev[2], sp[3], ev[3], (sp[3] - sp[0]) * 1e3 / kb);
-      nlohmann::json row{{"instructions", s.n}, {"code_kb", kb}, {"ctas", ctas}};
+      nlohmann::json row{{"instructions", s.instructions}, {"code_kb", kb}, {"ctas", ctas}};
       for (int c = 0; c < kCases; ++c) {
         row[std::string(names[c]) + "_span_us"] = sp[c];
         row[std::string(names[c]) + "_event_us"] = ev[c];
