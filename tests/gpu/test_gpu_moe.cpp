@@ -138,6 +138,26 @@ TEST(GpuMoeRouting, AllTokensOnOneExpert) {
   }
 }
 
+// Caller-provided ids may name one expert several times within a token: a decode tile then holds
+// more pairs than there are tokens, and the decode GEMM's ring must still have a B row for each
+// (its rows per tile follow T * k for precomputed ids, T for routed ones). T = 1: 3 pairs of token
+// 0 on expert 3 (4 ring rows); T = 2, 3: 5 and 7 pairs on expert 3 (8 ring rows).
+TEST(GpuMoeRouting, RepeatedExpertWithinATokenAtFewTokens) {
+  std::mt19937 rng(19);
+  const moe_config cfg = make_cfg(8, 160, 96, 4, routing_kind::softmax_topk, activation_kind::silu_mul,
+                                  layout::gate_up_order::interleaved);
+  const host_moe m = make_moe(cfg, true, rng);
+  for (int64_t T : {1, 2, 3}) {
+    std::vector<int32_t> ids;
+    for (int64_t t = 0; t < T; ++t) {
+      const std::vector<int32_t> token = t == 0 ? std::vector<int32_t>{3, 3, 3, 5} : std::vector<int32_t>{3, 5, 3, 6};
+      ids.insert(ids.end(), token.begin(), token.end());
+    }
+    const run_result r = run_case(m, T, routing_mode::precomputed, rng, cpu::precision::f64, &ids);
+    expect_close(r.out, r.ref, "repeated expert T=" + std::to_string(T));
+  }
+}
+
 TEST(GpuMoeRouting, GroupedRoutingEveryActivation) {
   std::mt19937 rng(5);
   for (activation_kind act : {activation_kind::silu_mul, activation_kind::swiglu_clamped}) {

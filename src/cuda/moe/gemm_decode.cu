@@ -17,8 +17,8 @@ void launch_decode_groups(const gemm_launch& l, const gemm_weights& w, const uin
   const dim3 grid(static_cast<unsigned>(layout::ceil_div(frag.row_tiles(), S::kWarps / KG)),
                   static_cast<unsigned>(l.max_tiles));
   auto* kernel = w.scales_in_range ? moe_gemm_decode_kernel<S, KG, true> : moe_gemm_decode_kernel<S, KG, false>;
-  launch_pdl(kernel, grid, dim3(S::kThreads), static_cast<size_t>(S::smem_bytes(KG)), stream, l.dependent, w, b_rows,
-             ws, top_k, ep, act, l.early_weights);
+  launch_pdl(kernel, grid, dim3(S::kThreads), static_cast<size_t>(S::smem_bytes(KG, l.ring_rows)), stream, l.dependent, w,
+             b_rows, ws, top_k, ep, act, l.early_weights, l.ring_rows);
 }
 
 template <class S>
@@ -29,6 +29,9 @@ void launch_decode(const gemm_launch& l, const gemm_weights& w, const uint16_t* 
                   std::to_string(l.k_groups));
   MXMOE_CHECK_ARG(l.max_tiles >= 1 && l.max_tiles <= 65535, "gemm_launch.max_tiles", "in [1, 65535]",
                   std::to_string(l.max_tiles));
+  MXMOE_CHECK_ARG(l.ring_rows >= 1 && l.ring_rows <= S::BN && (l.ring_rows & (l.ring_rows - 1)) == 0,
+                  "gemm_launch.ring_rows", "a power of 2 in [1, " + std::to_string(S::BN) + "]",
+                  std::to_string(l.ring_rows));
   switch (l.k_groups) {
     case 1: launch_decode_groups<S, 1>(l, w, b_rows, ws, top_k, ep, act, stream); break;
     case 2:
@@ -43,7 +46,7 @@ void launch_decode(const gemm_launch& l, const gemm_weights& w, const uint16_t* 
 template <class S, int KG>
 cudaError_t allow_smem_groups() {
   for (auto* kernel : {moe_gemm_decode_kernel<S, KG, false>, moe_gemm_decode_kernel<S, KG, true>}) {
-    cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, S::smem_bytes(KG));
+    cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, S::smem_bytes(KG, S::BN));
     if (e == cudaSuccess)
       e = cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout, cudaSharedmemCarveoutMaxShared);
     if (e != cudaSuccess) return e;
@@ -84,11 +87,29 @@ cudaError_t allow_gemm_smem_decode() {
 
 int decode_tokens_per_tile_max() { return decode_32::BN; }
 
-int decode_ctas_per_sm() {
-  int n = 0;
-  MXMOE_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, moe_gemm_decode_kernel<decode_32, 1, true>,
-                                                                 decode_32::kThreads, decode_32::smem_bytes(1)));
-  return n;
+int decode_ctas_per_sm(int tokens_per_tile, int k_groups, int ring_rows) {
+  MXMOE_CHECK_ARG(ring_rows >= 1 && ring_rows <= tokens_per_tile, "ring_rows", "in [1, tokens_per_tile]", std::to_string(ring_rows));
+  auto ctas = [&](auto shape, auto kernel, int kg) {
+    using S = decltype(shape);
+    int n = 0;
+    MXMOE_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, S::kThreads, S::smem_bytes(kg, ring_rows)));
+    return n;
+  };
+  const bool ok = k_groups == 1 || k_groups == 2 || k_groups == 4;
+  if (ok && tokens_per_tile == decode_8::BN) {
+    if (k_groups == 1) return ctas(decode_8{}, moe_gemm_decode_kernel<decode_8, 1, true>, 1);
+    if (k_groups == 2) return ctas(decode_8{}, moe_gemm_decode_kernel<decode_8, 2, true>, 2);
+    return ctas(decode_8{}, moe_gemm_decode_kernel<decode_8, 4, true>, 4);
+  }
+  if (ok && k_groups <= 2 && tokens_per_tile == decode_16::BN) {
+    if (k_groups == 1) return ctas(decode_16{}, moe_gemm_decode_kernel<decode_16, 1, true>, 1);
+    return ctas(decode_16{}, moe_gemm_decode_kernel<decode_16, 2, true>, 2);
+  }
+  if (k_groups == 1 && tokens_per_tile == decode_32::BN)
+    return ctas(decode_32{}, moe_gemm_decode_kernel<decode_32, 1, true>, 1);
+  MXMOE_CHECK_ARG(false, "tokens_per_tile, k_groups", "a decode GEMM instantiation (8: 1, 2, 4; 16: 1, 2; 32: 1)",
+                  std::to_string(tokens_per_tile) + ", " + std::to_string(k_groups));
+  return 0;
 }
 
 }  // namespace mxmoe::cuda::sm90

@@ -27,8 +27,11 @@
 //
 // Launched as a programmatic dependent (pdl.cuh): GEMM2 (early_weights) reads its tile and starts
 // copying weights before waiting for GEMM1.
+// B rows beyond a tile's count take no shared memory either: the ring holds ring_rows rows per
+// fragment tile (gemm_launch::ring_rows, e.g. 1 at T = 1), so that few-token launches fit three CTAs per SM
+// with their K split over more warps.
 // Limits: K a multiple of 32; rows a multiple of 16; B rows 16-byte aligned; the tile list from
-// the one-CTA plan (at most 65535 tiles).
+// the one-CTA plan (at most 65535 tiles); no tile with more pairs than ring_rows.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -76,12 +79,15 @@ struct decode_shape {
   static constexpr int kTileStride = kThreads / 8 / BN;
   static constexpr int chunks(int k_groups) { return k_groups * kSteps * BN * 8 / kThreads; }
   static_assert(chunks(1) * kTileStride == kSteps, "chunks cover a stage");
-  static constexpr int b_stage_bytes(int k_groups) { return k_groups * kSteps * BN * kRowBytes; }
-  static constexpr int stage_bytes(int k_groups) { return kAStageBytes + b_stage_bytes(k_groups); }
-  static constexpr int smem_bytes(int k_groups) {
-    return kStages * stage_bytes(k_groups) + (kRowsInRing ? 0 : 2 * BN * 4);
+  // ring_rows: B rows per fragment tile in shared memory, a power of 2 <= BN that holds every
+  // tile's count (rows at or beyond the count are never copied nor read: ldmatrix reads row 0 for
+  // them).
+  static constexpr int b_stage_bytes(int k_groups, int ring_rows) { return k_groups * kSteps * ring_rows * kRowBytes; }
+  static constexpr int stage_bytes(int k_groups, int ring_rows) { return kAStageBytes + b_stage_bytes(k_groups, ring_rows); }
+  static constexpr int smem_bytes(int k_groups, int ring_rows) {
+    return kStages * stage_bytes(k_groups, ring_rows) + (kRowsInRing ? 0 : 2 * BN * 4);
   }
-  static_assert(!kRowsInRing || b_stage_bytes(1) >= 2 * BN * 4, "the rows fit in a slot's B part");
+  static_assert(!kRowsInRing || b_stage_bytes(1, 1) >= 2 * BN * 4, "the rows fit in a slot's B part");
   static_assert(kAStageBytes % 128 == 0, "B stages stay 128-byte aligned");
 };
 
@@ -94,7 +100,7 @@ using decode_32 = decode_shape<4>;
 template <class S, int KG, bool kScalesInRange>
 __global__ void __launch_bounds__(S::kThreads, S::kMinBlocks)
     moe_gemm_decode_kernel(gemm_weights w, const uint16_t* __restrict__ b_rows, moe_workspace ws, int top_k,
-                           epilogue_kind ep, activation_config act, bool early_weights) {
+                           epilogue_kind ep, activation_config act, bool early_weights, int ring_rows) {
   static_assert(KG >= 1 && KG <= S::kMaxGroups && S::kWarps % KG == 0, "1, 2 or 4 K groups of whole warps");
   // The K groups are a template parameter so that a thread's B chunks of groups that do not exist
   // (and their copy state) are no code at all: the per-stage copy bookkeeping, not the tensor
@@ -117,15 +123,17 @@ __global__ void __launch_bounds__(S::kThreads, S::kMinBlocks)
   const int kt0 = group_begin(wk), nk = group_tiles(wk);
   const int num_stages = (group_tiles(0) + S::kSteps - 1) / S::kSteps;
 
-  // Stage s lives at smem + (s % kStages) * stage_bytes: [A: warps][2176 B] [B: tiles][BN][128 B].
-  constexpr int kStageBytes = S::stage_bytes(KG);
+  // Stage s lives at smem + (s % kStages) * stage_bytes: [A: warps][2176 B] [B: tiles][ring_rows][128 B].
+  const uint32_t stage_bytes = S::stage_bytes(KG, ring_rows), b_tile_bytes = ring_rows * S::kRowBytes;
+  const uint32_t ring_bytes = S::kStages * stage_bytes;
   const uint32_t smem_u32 = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
-  auto next_slot = [](uint32_t off) { return off + kStageBytes == S::kStages * kStageBytes ? 0u : off + kStageBytes; };
+  auto next_slot = [&](uint32_t off) { return off + stage_bytes == ring_bytes ? 0u : off + stage_bytes; };
 
   if (!early_weights) detail::wait_for_previous_grid();
   if (static_cast<int>(blockIdx.y) >= __ldcg(ws.num_tiles)) return;
   const int* tdp = reinterpret_cast<const int*>(ws.tiles + blockIdx.y);
   const tile_desc td{__ldcg(tdp), __ldcg(tdp + 1), __ldcg(tdp + 2)};
+  if (td.count > ring_rows) __trap();  // the launcher's bound on a tile's pairs (gemm_launch::ring_rows) was wrong
 
   // Weights: fragment tiles kt0.. of row tile rt. Per stage this lane copies its 16 code bytes of
   // each of the kSteps tiles, and lanes < 2 * kSteps 16 of the stage's kSteps * 32 scale bytes.
@@ -164,7 +172,7 @@ __global__ void __launch_bounds__(S::kThreads, S::kMinBlocks)
   detail::allow_dependent_launch();
 
   // Per B row: the activation row it reads, and (GEMM2) the pair it writes.
-  int* row_src = reinterpret_cast<int*>(smem + S::kStages * kStageBytes - (S::kRowsInRing ? S::b_stage_bytes(KG) : 0));
+  int* row_src = reinterpret_cast<int*>(smem + ring_bytes - (S::kRowsInRing ? S::b_stage_bytes(KG, ring_rows) : 0));
   int* row_pair = row_src + S::BN;
   detail::load_tile_rows(td, ws, ep, top_k, S::BN, row_src, row_pair);
   __syncthreads();
@@ -178,8 +186,8 @@ __global__ void __launch_bounds__(S::kThreads, S::kMinBlocks)
   const int cq = tid & 7, cr = (tid >> 3) % S::BN, ct0 = (tid >> 3) / S::BN;
   const bool c_row = cr < td.count;
   const uint16_t* c_row_src = b_rows + (c_row ? static_cast<int64_t>(row_src[cr]) * K : 0) + cq * 8;
-  const uint32_t c_dst = smem_u32 + static_cast<uint32_t>(S::kAStageBytes + (ct0 * S::BN + cr) * S::kRowBytes +
-                                                          ((cq ^ (cr & 7)) << 4));
+  const uint32_t c_dst = smem_u32 + S::kAStageBytes + ct0 * b_tile_bytes + static_cast<uint32_t>(cr * S::kRowBytes) +
+                         ((cq ^ (cr & 7)) << 4);
   int b_koff[kChunks], b_tiles[kChunks], b_kleft[kChunks];
 #pragma unroll
   for (int i = 0; i < kChunks; ++i) {
@@ -195,7 +203,7 @@ __global__ void __launch_bounds__(S::kThreads, S::kMinBlocks)
     for (int i = 0; i < kChunks; ++i) {
       if (b_stage < b_tiles[i]) {
         const bool in = k < b_kleft[i];
-        detail::cp_async_16_zfill(c_dst + slot + i * S::kTileStride * S::BN * S::kRowBytes,
+        detail::cp_async_16_zfill(c_dst + slot + i * S::kTileStride * b_tile_bytes,
                                   c_row_src + (in ? b_koff[i] + k : 0), in);
       }
     }
@@ -219,8 +227,8 @@ __global__ void __launch_bounds__(S::kThreads, S::kMinBlocks)
 #pragma unroll
   for (int n = 0; n < S::NT; ++n) {
     const int row = 8 * n + (lane & 7) < td.count ? 8 * n + (lane & 7) : 0;
-    b_off[n] = smem_u32 + static_cast<uint32_t>(S::kAStageBytes + wk * S::kSteps * S::BN * S::kRowBytes +
-                                                row * S::kRowBytes + (((lane >> 3) ^ (row & 7)) << 4));
+    b_off[n] = smem_u32 + S::kAStageBytes + wk * S::kSteps * b_tile_bytes +
+               static_cast<uint32_t>(row * S::kRowBytes + (((lane >> 3) ^ (row & 7)) << 4));
   }
   const int blocks_used = (td.count + 7) / 8;
   const uint8_t* a_codes = smem + warp * S::kAWarpBytes + lane * 16;
@@ -254,7 +262,7 @@ __global__ void __launch_bounds__(S::kThreads, S::kMinBlocks)
       for (int n = 0; n < S::NT; ++n) {
         if (n > 0 && n >= blocks_used) break;  // block 0 is always in use
         uint32_t b[4][2];
-        const uint32_t bt = b_off[n] + slot + i * S::BN * S::kRowBytes;
+        const uint32_t bt = b_off[n] + slot + i * b_tile_bytes;
         detail::ldsm_x4(bt, b[0][0], b[0][1], b[1][0], b[1][1]);
         detail::ldsm_x4(bt ^ 64u, b[2][0], b[2][1], b[3][0], b[3][1]);
         float* c = acc[n];

@@ -81,6 +81,8 @@ struct gemm_launch {
   int tokens_per_tile = 64;    // BN the schedule used (decode: 8, 16 or 32)
   int64_t max_tiles = 0;       // grid bound on the scheduled tiles
   int k_groups = 1;            // decode: warps of a CTA splitting K (1, 2 or 4, <= 32 / BN)
+  int ring_rows = 0;           // decode: B rows per fragment tile in shared memory: a power of 2
+                               // <= BN at least as large as any tile's pair count
   bool early_weights = false;  // decode: start copying weights before waiting for the previous kernel
                                // (the tile list was written two kernels back: GEMM2)
   bool dependent = true;       // programmatic dependent launch
@@ -94,8 +96,9 @@ void prepare_gemm_kernels();
 void prepare_prefill_kernels();
 void launch_gemm(const gemm_launch& l, const gemm_weights& w, const uint16_t* b_rows, const moe_workspace& ws,
                  int top_k, epilogue_kind ep, const activation_config& act, cudaStream_t stream);
-// Decode GEMM CTAs resident per SM (for the host's choice of k_groups).
-int decode_ctas_per_sm();
+// Decode GEMM CTAs resident per SM with that tile, K split and ring_rows (for the host's choice of
+// k_groups).
+int decode_ctas_per_sm(int tokens_per_tile, int k_groups, int ring_rows);
 // Warps per decode CTA; a CTA covers 16 * kDecodeWarps / k_groups weight rows.
 inline constexpr int kDecodeWarps = 8;
 

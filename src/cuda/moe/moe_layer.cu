@@ -87,16 +87,49 @@ int decode_tokens_per_tile(int64_t tokens, int64_t per_expert, routing_kind rout
 // Upper bound of the tile count: sum_e ceil(c_e / BN) <= pairs / BN + min(E, pairs).
 int64_t max_tiles(int64_t pairs, int64_t experts, int bn) { return pairs / bn + std::min(experts, pairs); }
 
+// B rows per fragment tile of the decode GEMM's ring: the most pairs a tile can hold, rounded up to
+// a power of 2. Routed tokens pick an expert once, so a tile holds at most T pairs; caller-provided
+// ids may repeat an expert within a token, so then at most T * k.
+int decode_ring_rows(int64_t tokens, int top_k, bool precomputed, int bn) {
+  const int64_t bound = std::min<int64_t>(bn, precomputed ? tokens * top_k : tokens);
+  int rows = 1;
+  while (rows < bound) rows *= 2;
+  return rows;
+}
+
+// Decode GEMM CTAs resident per SM, by tile, K split and ring_rows (sm90::decode_ctas_per_sm), looked up
+// once per layer: the forward picks its K split from them.
+class decode_occupancy {
+ public:
+  void measure() {
+    for (int b = 0; b < 3; ++b)
+      for (int g = 0; g < 3; ++g)
+        for (int r = 0; r < kRows; ++r) {
+          const int bn = 8 << b, kg = 1 << g, rows = 1 << r;
+          if (rows <= bn && kg * bn <= 32) ctas_[b][g][r] = sm90::decode_ctas_per_sm(bn, kg, rows);
+        }
+  }
+  int ctas_per_sm(int bn, int kg, int rows) const { return ctas_[log2(bn / 8)][log2(kg)][log2(rows)]; }
+
+ private:
+  static constexpr int kRows = 6;  // ring_rows 1 .. 32
+  static int log2(int v) { return 31 - __builtin_clz(static_cast<unsigned>(v)); }
+  int ctas_[3][3][kRows] = {};
+};
+
 // Warps of a decode CTA splitting K: as many as keep the CTAs of the (at most min(E, pairs))
 // tiles resident at once and leave every K group >= 8 fragment tiles (the two stages in flight),
-// so that small T still has ~4 KB of weights in flight per resident warp.
-int decode_k_groups(int bn, int64_t est_tiles, int64_t rows, int64_t cols, int64_t resident_warps) {
+// so that small T still has ~4 KB of weights in flight per resident warp. Residency is that of the
+// split being considered: at T = 1 a B row per tile leaves room for three CTAs per SM at every
+// split (gpt-oss-120b's GEMM1 then runs 2 K groups in 360 CTAs instead of 1 in 180).
+int decode_k_groups(int bn, int ring_rows, int64_t est_tiles, int64_t rows, int64_t cols, int sms,
+                    const decode_occupancy& occ) {
   const layout::sm90_fragment frag{rows, cols};
   int kg = 1;
   while (2 * kg * bn <= 32) {
     const int next = 2 * kg;
     const int64_t ctas = layout::ceil_div(frag.row_tiles(), sm90::kDecodeWarps / next) * est_tiles;
-    if (frag.col_tiles() < 8 * next || ctas * sm90::kDecodeWarps > resident_warps) break;
+    if (frag.col_tiles() < 8 * next || ctas > int64_t{sms} * occ.ctas_per_sm(bn, next, ring_rows)) break;
     kg = next;
   }
   return kg;
@@ -172,7 +205,8 @@ struct moe_layer::impl {
   device_buffer codes13, scales13, codes2, scales2, bias13, bias2, correction;
   device_buffer expert_map;  // i32 [E] (moe.h); empty for a layer holding every expert
   moe_path path = moe_path::standard;
-  int64_t decode_resident_warps = 0;  // decode GEMM warps resident at once on the device
+  int sms = 0;
+  decode_occupancy decode_occ;
   bool scales13_in_range = false, scales2_in_range = false;  // sm90::gemm_weights::scales_in_range
 };
 
@@ -191,9 +225,8 @@ moe_layer::moe_layer(const moe_weights& w, const moe_config& cfg, const std::vec
   sm90::prepare_gemm_kernels();
   if (m.path == moe_path::standard) sm90::prepare_prefill_kernels();
   sm90::prepare_plan_kernel();
-  int sms = 0;
-  MXMOE_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, current_device()));
-  m.decode_resident_warps = int64_t{sms} * sm90::decode_ctas_per_sm() * sm90::kDecodeWarps;
+  MXMOE_CUDA_CHECK(cudaDeviceGetAttribute(&m.sms, cudaDevAttrMultiProcessorCount, current_device()));
+  m.decode_occ.measure();
   m.frag13 = {2 * I, H};
   m.frag2 = {H, I};
   m.codes13 = device_buffer(static_cast<size_t>(E * m.frag13.weight_bytes()));
@@ -380,8 +413,9 @@ void moe_layer::forward(const tensor_view& x, const routing_input& routing, cons
   sm90::gemm_launch g2 = g1;
   if (decode) {
     const int64_t est_tiles = std::min(E, pairs);
-    g1.k_groups = decode_k_groups(bn, est_tiles, 2 * I, H, m.decode_resident_warps);
-    g2.k_groups = decode_k_groups(bn, est_tiles, H, I, m.decode_resident_warps);
+    g1.ring_rows = g2.ring_rows = decode_ring_rows(T, k, precomputed, bn);
+    g1.k_groups = decode_k_groups(bn, g1.ring_rows, est_tiles, 2 * I, H, m.sms, m.decode_occ);
+    g2.k_groups = decode_k_groups(bn, g2.ring_rows, est_tiles, H, I, m.sms, m.decode_occ);
     g2.early_weights = true;  // its tile list was written by the plan, before GEMM1
   }
   const uint16_t* b1 = x.as<const uint16_t>();
