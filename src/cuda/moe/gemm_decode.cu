@@ -1,5 +1,6 @@
 // moe/gemm_decode.cu — the decode GEMM (gemm_decode.cuh) for 8, 16 and 32 tokens per tile: the
 // host picks the smallest that holds every tile (a tile has at most T pairs).
+#include <algorithm>
 #include <string>
 
 #include "check.h"
@@ -17,8 +18,9 @@ void launch_decode_groups(const gemm_launch& l, const gemm_weights& w, const uin
   const dim3 grid(static_cast<unsigned>(layout::ceil_div(frag.row_tiles(), S::kWarps / KG)),
                   static_cast<unsigned>(l.max_tiles));
   auto* kernel = w.scales_in_range ? moe_gemm_decode_kernel<S, KG, true> : moe_gemm_decode_kernel<S, KG, false>;
-  launch_pdl(kernel, grid, dim3(S::kThreads), static_cast<size_t>(S::smem_bytes(KG, l.ring_rows)), stream, l.dependent, w,
-             b_rows, ws, top_k, ep, act, l.early_weights, l.ring_rows);
+  const size_t smem = std::max<size_t>(S::smem_bytes(KG, l.ring_rows), l.min_smem_bytes);
+  launch_pdl(kernel, grid, dim3(S::kThreads), smem, stream, l.dependent, w, b_rows, ws, top_k, ep, act,
+             l.early_weights, l.ring_rows);
 }
 
 template <class S>
@@ -43,10 +45,12 @@ void launch_decode(const gemm_launch& l, const gemm_weights& w, const uint16_t* 
   }
 }
 
+// The limit is the device's whole per-block opt-in, not the kernel's own need: a launch may ask for
+// more than it uses (gemm_launch::min_smem_bytes) to keep CTAs from sharing an SM.
 template <class S, int KG>
-cudaError_t allow_smem_groups() {
+cudaError_t allow_smem_groups(int optin) {
   for (auto* kernel : {moe_gemm_decode_kernel<S, KG, false>, moe_gemm_decode_kernel<S, KG, true>}) {
-    cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, S::smem_bytes(KG, S::BN));
+    cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, optin);
     if (e == cudaSuccess)
       e = cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout, cudaSharedmemCarveoutMaxShared);
     if (e != cudaSuccess) return e;
@@ -55,12 +59,12 @@ cudaError_t allow_smem_groups() {
 }
 
 template <class S>
-cudaError_t allow_smem() {
-  cudaError_t e = allow_smem_groups<S, 1>();
+cudaError_t allow_smem(int optin) {
+  cudaError_t e = allow_smem_groups<S, 1>(optin);
   if constexpr (S::kMaxGroups >= 2)
-    if (e == cudaSuccess) e = allow_smem_groups<S, 2>();
+    if (e == cudaSuccess) e = allow_smem_groups<S, 2>(optin);
   if constexpr (S::kMaxGroups >= 4)
-    if (e == cudaSuccess) e = allow_smem_groups<S, 4>();
+    if (e == cudaSuccess) e = allow_smem_groups<S, 4>(optin);
   return e;
 }
 
@@ -79,9 +83,12 @@ void launch_gemm_decode(const gemm_launch& l, const gemm_weights& w, const uint1
 }
 
 cudaError_t allow_gemm_smem_decode() {
-  cudaError_t e = allow_smem<decode_8>();
-  if (e == cudaSuccess) e = allow_smem<decode_16>();
-  if (e == cudaSuccess) e = allow_smem<decode_32>();
+  int device = 0, optin = 0;
+  cudaError_t e = cudaGetDevice(&device);
+  if (e == cudaSuccess) e = cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device);
+  if (e == cudaSuccess) e = allow_smem<decode_8>(optin);
+  if (e == cudaSuccess) e = allow_smem<decode_16>(optin);
+  if (e == cudaSuccess) e = allow_smem<decode_32>(optin);
   return e;
 }
 

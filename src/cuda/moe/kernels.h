@@ -83,6 +83,8 @@ struct gemm_launch {
   int k_groups = 1;            // decode: warps of a CTA splitting K (1, 2 or 4, <= 32 / BN)
   int ring_rows = 0;           // decode: B rows per fragment tile in shared memory: a power of 2
                                // <= BN at least as large as any tile's pair count
+  size_t min_smem_bytes = 0;   // decode: dynamic shared memory to ask for at least (more than the kernel
+                               // uses caps the CTAs an SM takes; 0: what the kernel uses)
   bool early_weights = false;  // decode: start copying weights before waiting for the previous kernel
                                // (the tile list was written two kernels back: GEMM2)
   bool dependent = true;       // programmatic dependent launch

@@ -97,8 +97,7 @@ int decode_ring_rows(int64_t tokens, int top_k, bool precomputed, int bn) {
   return rows;
 }
 
-// Decode GEMM CTAs resident per SM, by tile, K split and ring_rows (sm90::decode_ctas_per_sm), looked up
-// once per layer: the forward picks its K split from them.
+// Decode GEMM CTAs resident per SM, by tile, K split and ring_rows (sm90::decode_ctas_per_sm).
 class decode_occupancy {
  public:
   void measure() {
@@ -117,22 +116,53 @@ class decode_occupancy {
   int ctas_[3][3][kRows] = {};
 };
 
-// Warps of a decode CTA splitting K: as many as keep the CTAs of the (at most min(E, pairs))
-// tiles resident at once and leave every K group >= 8 fragment tiles (the two stages in flight),
-// so that small T still has ~4 KB of weights in flight per resident warp. Residency is that of the
-// split being considered: at T = 1 a B row per tile leaves room for three CTAs per SM at every
-// split (gpt-oss-120b's GEMM1 then runs 2 K groups in 360 CTAs instead of 1 in 180).
-int decode_k_groups(int bn, int ring_rows, int64_t est_tiles, int64_t rows, int64_t cols, int sms,
-                    const decode_occupancy& occ) {
+// How a decode GEMM launch spreads over the SMs: its K split (warps of a CTA splitting K) and the
+// dynamic shared memory it asks for.
+struct decode_split {
+  int k_groups = 1;
+  size_t min_smem_bytes = 0;
+};
+
+// Device facts the split goes by, looked up once per layer.
+struct decode_device {
+  int sms = 0;
+  size_t smem_per_sm = 0, smem_reserved_per_cta = 0;
+  decode_occupancy occupancy;
+};
+
+// The K split: 2, then 4 warp groups
+//   while every K group keeps >= 8 fragment tiles (the two stages in flight) and the CTAs of the
+//   (at most min(E, pairs)) tiles fit two per SM: sweeps at T = 8-128 found more split slower
+//   (performance.md, 2026-12-02);
+//   beyond that, once more only where it evens the SMs out: every K group keeps >= 16 fragment
+//   tiles, every CTA is resident at once, and the mean CTAs per SM over the most any SM gets rises
+//   by >= 0.15 (gpt-oss-120b's GEMM1 at T = 1: 180 CTAs on 132 SMs, 0.68, becomes 360, 0.91:
+//   20.8 -> 19.3 us on an H200; splitting where the SMs were already even was slower: Qwen3-30B-A3B
+//   and Kimi-K2 at T = 1, performance.md, 2026-12-05 eighth session).
+// The shared memory: no SM should take more CTAs than its even share, ceil(CTAs / SMs): asking for
+// smem_per_sm / share keeps the block scheduler from stacking CTAs on some SMs while others idle,
+// which a ring of few B rows (three or four CTAs fit per SM) would otherwise allow.
+decode_split pick_decode_split(int bn, int ring_rows, int64_t est_tiles, int64_t rows, int64_t cols,
+                               const decode_device& dev) {
+  constexpr int kCtasPerSmForSplit = 2;
   const layout::sm90_fragment frag{rows, cols};
-  int kg = 1;
-  while (2 * kg * bn <= 32) {
-    const int next = 2 * kg;
-    const int64_t ctas = layout::ceil_div(frag.row_tiles(), sm90::kDecodeWarps / next) * est_tiles;
-    if (frag.col_tiles() < 8 * next || ctas > int64_t{sms} * occ.ctas_per_sm(bn, next, ring_rows)) break;
-    kg = next;
+  const int64_t sms = dev.sms;
+  auto ctas_of = [&](int kg) { return layout::ceil_div(frag.row_tiles(), sm90::kDecodeWarps / kg) * est_tiles; };
+  auto balance = [&](int64_t ctas) { return static_cast<double>(ctas) / static_cast<double>(sms * layout::ceil_div(ctas, sms)); };
+  decode_split d;
+  while (2 * d.k_groups * bn <= 32) {
+    const int next = 2 * d.k_groups;
+    const int64_t ctas = ctas_of(next);
+    const bool fits = frag.col_tiles() >= 8 * next && ctas <= kCtasPerSmForSplit * sms;
+    const bool evens = frag.col_tiles() >= 16 * next && ctas <= sms * dev.occupancy.ctas_per_sm(bn, next, ring_rows) &&
+                       balance(ctas) >= balance(ctas_of(d.k_groups)) + 0.15;
+    if (!fits && !evens) break;
+    d.k_groups = next;
   }
-  return kg;
+  const int64_t share = layout::ceil_div(ctas_of(d.k_groups), sms);
+  if (share < dev.occupancy.ctas_per_sm(bn, d.k_groups, ring_rows))
+    d.min_smem_bytes = (dev.smem_per_sm / static_cast<size_t>(share) - dev.smem_reserved_per_cta) / 128 * 128;
+  return d;
 }
 
 struct workspace_plan {
@@ -205,8 +235,7 @@ struct moe_layer::impl {
   device_buffer codes13, scales13, codes2, scales2, bias13, bias2, correction;
   device_buffer expert_map;  // i32 [E] (moe.h); empty for a layer holding every expert
   moe_path path = moe_path::standard;
-  int sms = 0;
-  decode_occupancy decode_occ;
+  decode_device decode_dev;
   bool scales13_in_range = false, scales2_in_range = false;  // sm90::gemm_weights::scales_in_range
 };
 
@@ -225,8 +254,17 @@ moe_layer::moe_layer(const moe_weights& w, const moe_config& cfg, const std::vec
   sm90::prepare_gemm_kernels();
   if (m.path == moe_path::standard) sm90::prepare_prefill_kernels();
   sm90::prepare_plan_kernel();
-  MXMOE_CUDA_CHECK(cudaDeviceGetAttribute(&m.sms, cudaDevAttrMultiProcessorCount, current_device()));
-  m.decode_occ.measure();
+  {
+    decode_device& d = m.decode_dev;
+    int v = 0;
+    const int dev = current_device();
+    MXMOE_CUDA_CHECK(cudaDeviceGetAttribute(&d.sms, cudaDevAttrMultiProcessorCount, dev));
+    MXMOE_CUDA_CHECK(cudaDeviceGetAttribute(&v, cudaDevAttrMaxSharedMemoryPerMultiprocessor, dev));
+    d.smem_per_sm = static_cast<size_t>(v);
+    MXMOE_CUDA_CHECK(cudaDeviceGetAttribute(&v, cudaDevAttrReservedSharedMemoryPerBlock, dev));
+    d.smem_reserved_per_cta = static_cast<size_t>(v);
+    d.occupancy.measure();
+  }
   m.frag13 = {2 * I, H};
   m.frag2 = {H, I};
   m.codes13 = device_buffer(static_cast<size_t>(E * m.frag13.weight_bytes()));
@@ -414,8 +452,12 @@ void moe_layer::forward(const tensor_view& x, const routing_input& routing, cons
   if (decode) {
     const int64_t est_tiles = std::min(E, pairs);
     g1.ring_rows = g2.ring_rows = decode_ring_rows(T, k, precomputed, bn);
-    g1.k_groups = decode_k_groups(bn, g1.ring_rows, est_tiles, 2 * I, H, m.sms, m.decode_occ);
-    g2.k_groups = decode_k_groups(bn, g2.ring_rows, est_tiles, H, I, m.sms, m.decode_occ);
+    const decode_split s1 = pick_decode_split(bn, g1.ring_rows, est_tiles, 2 * I, H, m.decode_dev);
+    const decode_split s2 = pick_decode_split(bn, g2.ring_rows, est_tiles, H, I, m.decode_dev);
+    g1.k_groups = s1.k_groups;
+    g1.min_smem_bytes = s1.min_smem_bytes;
+    g2.k_groups = s2.k_groups;
+    g2.min_smem_bytes = s2.min_smem_bytes;
     g2.early_weights = true;  // its tile list was written by the plan, before GEMM1
   }
   const uint16_t* b1 = x.as<const uint16_t>();
