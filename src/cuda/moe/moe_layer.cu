@@ -97,7 +97,10 @@ int decode_ring_rows(int64_t tokens, int top_k, bool precomputed, int bn) {
   return rows;
 }
 
-// Decode GEMM CTAs resident per SM, by tile, K split and ring_rows (sm90::decode_ctas_per_sm).
+// Decode GEMM CTAs resident per SM, by tile, K split and ring_rows (sm90::decode_ctas_per_sm), of
+// the instantiation for scale bytes in [1, 128]. The other one (two multiplies per register, more
+// registers) may fit one CTA fewer: its split and SM cap are then tuned for one CTA too many per
+// SM, which costs time, not correctness.
 class decode_occupancy {
  public:
   void measure() {
