@@ -43,46 +43,54 @@ namespace {
 
 constexpr int kRouteWarps = 4;
 
-struct candidate {
-  float v;
-  int i;  // -1: none
-};
-
-__device__ __forceinline__ bool better(candidate a, candidate b) {
-  if (a.i < 0) return false;
-  if (b.i < 0) return true;
-  return a.v > b.v || (a.v == b.v && a.i < b.i);
-}
-
-__device__ __forceinline__ candidate warp_best(candidate c) {
-#pragma unroll
-  for (int off = 16; off > 0; off >>= 1) {
-    candidate o{__shfl_xor_sync(0xFFFFFFFFu, c.v, off), __shfl_xor_sync(0xFFFFFFFFu, c.i, off)};
-    if (better(o, c)) c = o;
-  }
-  return c;
+// The order route_token selects in, as an unsigned key: a larger value ranks higher, -0 and +0 are
+// equal (as float compares see them; ties go to the lower expert index), NaN ranks below -inf
+// (cpu::route's rank_key), and 0 is left for "nothing left to select".
+__device__ __forceinline__ uint32_t selection_key(float v) {
+  if (v != v) return 1u;
+  const uint32_t b = __float_as_uint(v + 0.0f);  // -0 -> +0
+  return (b & 0x80000000u) ? ~b : (b | 0x80000000u);  // -inf -> 0x007FFFFF, +inf -> 0xFF800000
 }
 
 // Top-k of key[] (lane-strided: element lane + 32*q); `allowed` masks experts out.
 // Writes the chosen expert indices, best first, into sel[0..k), and returns to lane j < k the key
 // of slot j (the arg-max's own value: a lane never looks a key up by a run-time index, which
 // ptxas turned into a local-memory array and a chain of dependent loads).
+// A round: each lane's best available key (a scan in q order keeps the lower index on ties), the
+// warp's maximum and then the lowest expert index holding it, by two redux.sync; the lane that
+// owns the winner marks it taken. (A shuffle butterfly of (value, index) pairs per round cost ~330
+// instructions per round at 16 keys per lane: ncu, Kimi-K2's route kernel, 2026-12-05.)
 template <int PER_LANE>
 __device__ float warp_topk(const float (&key)[PER_LANE], uint32_t allowed, int experts, int k, int* sel) {
   const int lane = threadIdx.x & 31;
-  uint32_t taken = 0;
+  uint32_t keys[PER_LANE];
+  uint32_t avail = 0;  // bit q: element lane + 32 q can still be selected
+#pragma unroll
+  for (int q = 0; q < PER_LANE; ++q) {
+    keys[q] = selection_key(key[q]);
+    if (lane + 32 * q < experts && ((allowed >> q) & 1u)) avail |= 1u << q;
+  }
   float mine = 0.0f;
   for (int r = 0; r < k; ++r) {
-    candidate c{0.0f, -1};
+    uint32_t best = 0;
+    int best_q = 0;
+    float best_v = 0.0f;
 #pragma unroll
     for (int q = 0; q < PER_LANE; ++q) {
-      const int e = lane + 32 * q;
-      if (e < experts && ((allowed >> q) & 1u) && !((taken >> q) & 1u) && better({key[q], e}, c)) c = {key[q], e};
+      const uint32_t kq = ((avail >> q) & 1u) ? keys[q] : 0u;
+      if (kq > best) {
+        best = kq;
+        best_q = q;
+        best_v = key[q];
+      }
     }
-    c = warp_best(c);
-    sel[r] = c.i;
-    if (lane == r) mine = c.v;
-    if (c.i >= 0 && (c.i & 31) == lane) taken |= 1u << (c.i >> 5);
+    const uint32_t top = __reduce_max_sync(0xFFFFFFFFu, best);
+    const uint32_t mine_index = best == top && top != 0 ? static_cast<uint32_t>(lane + 32 * best_q) : 0xFFFFFFFFu;
+    const int e = top == 0 ? -1 : static_cast<int>(__reduce_min_sync(0xFFFFFFFFu, mine_index));
+    const float v = __shfl_sync(0xFFFFFFFFu, best_v, e & 31);
+    sel[r] = e;
+    if (lane == r) mine = e >= 0 ? v : 0.0f;
+    if (e >= 0 && (e & 31) == lane) avail &= ~(1u << (e >> 5));
   }
   return mine;
 }
