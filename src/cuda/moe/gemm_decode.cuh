@@ -219,17 +219,17 @@ __global__ void __launch_bounds__(S::kThreads, S::kMinBlocks)
     cute::cp_async_fence();
   }
 
-  // ldmatrix row addresses of each 8-token block: lane l reads row 8n + l % 8 (row 0 instead when
-  // that token is beyond the count: its column is never stored) at 16-byte chunk 2j + l / 8 for
-  // the k16 pair (j, j + 1), j = 0 or 2. Chunk 4 + c of a row is chunk c's address xor 64 (rows
-  // are 128 bytes, 128-byte aligned, and 4 + c = 4 ^ c for c < 4), so one address per block.
-  uint32_t b_off[S::NT];
-#pragma unroll
-  for (int n = 0; n < S::NT; ++n) {
-    const int row = 8 * n + (lane & 7) < td.count ? 8 * n + (lane & 7) : 0;
-    b_off[n] = smem_u32 + S::kAStageBytes + wk * S::kSteps * b_tile_bytes +
-               static_cast<uint32_t>(row * S::kRowBytes + (((lane >> 3) ^ (row & 7)) << 4));
-  }
+  // ldmatrix row address of block 0: lane l reads row l % 8 (row 0 instead when that token is
+  // beyond the count: with ring_rows < 8 the row is not in the tile) at 16-byte chunk 2j + l / 8
+  // for the k16 pair (j, j + 1), j = 0 or 2. Chunk 4 + c of a row is chunk c's address xor 64
+  // (rows are 128 bytes, 128-byte aligned, and 4 + c = 4 ^ c for c < 4), so one address per block.
+  // Block n > 0 is read only when the count exceeds 8n, so then ring_rows >= 8(n + 1) and block 0
+  // was not clamped: its address is block 0's plus 8n rows (same swizzle, row % 8 = l % 8), an
+  // immediate offset. Its rows at or beyond the count hold whatever an earlier stage left there;
+  // they feed only columns that are never stored (an mma's columns do not mix).
+  const int b_row0 = (lane & 7) < td.count ? (lane & 7) : 0;
+  const uint32_t b_off = smem_u32 + S::kAStageBytes + wk * S::kSteps * b_tile_bytes +
+                         static_cast<uint32_t>(b_row0 * S::kRowBytes + (((lane >> 3) ^ (b_row0 & 7)) << 4));
   const int blocks_used = (td.count + 7) / 8;
   const uint8_t* a_codes = smem + warp * S::kAWarpBytes + lane * 16;
   const uint8_t* a_scales = smem + warp * S::kAWarpBytes + S::kCodeBytes + (lane >> 2) * 4;
@@ -262,7 +262,7 @@ __global__ void __launch_bounds__(S::kThreads, S::kMinBlocks)
       for (int n = 0; n < S::NT; ++n) {
         if (n > 0 && n >= blocks_used) break;  // block 0 is always in use
         uint32_t b[4][2];
-        const uint32_t bt = b_off[n] + slot + i * b_tile_bytes;
+        const uint32_t bt = b_off + slot + i * b_tile_bytes + n * 8 * S::kRowBytes;
         detail::ldsm_x4(bt, b[0][0], b[0][1], b[1][0], b[1][1]);
         detail::ldsm_x4(bt ^ 64u, b[2][0], b[2][1], b[3][0], b[3][1]);
         float* c = acc[n];
