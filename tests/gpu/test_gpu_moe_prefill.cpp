@@ -192,30 +192,35 @@ TEST(GpuMoePrefillSanitize, Narrow) {  // 32 pairs per expert
 
 // The switch itself: unset and "default" run the decode GEMM at 2 pairs per expert and the
 // prefill GEMMs at 150; "tiles" runs gemm.cuh's wgmma tile at 150 (and the decode GEMM at 2);
-// other values (the former "prefill" among them) are rejected when the layer is built, naming the
-// variable.
+// "prefill" runs the prefill GEMMs at both; other values are rejected when the layer is built,
+// naming the variable.
 TEST(GpuMoePrefillPath, DefaultRunsThePrefillKernelsAndTilesTheWgmmaTiles) {
   std::mt19937 rng(53);
   const moe_config cfg = make_cfg(8, 352, 224, 2, routing_kind::softmax_topk, activation_kind::silu_mul,
                                   layout::gate_up_order::concatenated);
   const host_moe m = make_moe(cfg, false, rng);
-  for (const char* value : {static_cast<const char*>(nullptr), "", "default", "tiles"}) {
+  for (const char* value : {static_cast<const char*>(nullptr), "", "default", "tiles", "prefill"}) {
     const scoped_moe_path path(value);
     const cuda::moe_layer layer(m.weights(), cfg);
+    const std::string v = value ? value : "";
     const std::string what = std::string("MXMOE_MOE_PATH=") + (value ? value : "(unset)");
     std::vector<std::string> names;
     forward_kernel_names(layer, 8, &names);  // 2 pairs per expert
-    EXPECT_EQ(count_containing(names, kPrefillGemm) + count_containing(names, kGather), 0) << what << " T=8";
-    EXPECT_EQ(count_containing(names, "moe_gemm_decode_kernel"), 2) << what << " T=8";
+    if (v == "prefill") {
+      expect_prefill_kernels(names, what + " T=8");
+    } else {
+      EXPECT_EQ(count_containing(names, kPrefillGemm) + count_containing(names, kGather), 0) << what << " T=8";
+      EXPECT_EQ(count_containing(names, "moe_gemm_decode_kernel"), 2) << what << " T=8";
+    }
     forward_kernel_names(layer, 600, &names);  // 150 pairs per expert
-    if (value != nullptr && std::string(value) == "tiles") {
+    if (v == "tiles") {
       EXPECT_EQ(count_containing(names, kPrefillGemm) + count_containing(names, kGather), 0) << what << " T=600";
       EXPECT_EQ(count_containing(names, "moe_gemm_kernel"), 2) << what << " T=600";
     } else {
       expect_prefill_kernels(names, what + " T=600");
     }
   }
-  for (const char* rejected : {"prefil", "prefill"}) {
+  for (const char* rejected : {"prefil", "Prefill", "decode"}) {
     const scoped_moe_path path(rejected);
     try {
       const cuda::moe_layer layer(m.weights(), cfg);
@@ -223,6 +228,22 @@ TEST(GpuMoePrefillPath, DefaultRunsThePrefillKernelsAndTilesTheWgmmaTiles) {
     } catch (const invalid_argument& e) {
       EXPECT_NE(std::string(e.what()).find("MXMOE_MOE_PATH"), std::string::npos) << e.what();
     }
+  }
+}
+
+// "prefill" at decode sizes, where the default runs the decode GEMM: one token (every tile one
+// pair wide, most experts empty), a few, and all tokens on one expert, against the reference.
+TEST(GpuMoePrefillPath, PrefillAtDecodeSizesMatchesReference) {
+  const scoped_moe_path path("prefill");
+  std::mt19937 rng(55);
+  for (const shape_case& sc :
+       {shape_case{"prefill_path_t1", 16, 544, 352, 2, routing_kind::softmax_topk, activation_kind::silu_mul,
+                   layout::gate_up_order::concatenated, false, {1, 3, 17}},
+        shape_case{"prefill_path_one_expert", 1, 2880, 2880, 1, routing_kind::topk_softmax,
+                   activation_kind::swiglu_clamped, layout::gate_up_order::interleaved, true, {1, 5}}}) {
+    const host_moe m = make_moe(prefill_config_of(sc), sc.biases, rng);
+    expect_prefill_kernels(m, sc.tokens, sc.name);
+    expect_shape_matches(sc, prefill_config_of(sc), rng);
   }
 }
 

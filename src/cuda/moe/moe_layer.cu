@@ -30,18 +30,22 @@ size_t align_up(size_t v) { return (v + kAlign - 1) / kAlign * kAlign; }
 //     default did until 2026-12-05: for A/B measurements (the prefill GEMMs were 0.69-1.01x their
 //     time over six model shapes at T = 256-16384 on an H200, docs/performance.md, "2026-12-05
 //     (fifth session)");
+//   "prefill": the prefill GEMMs at every size, also where the default runs the decode GEMM: for
+//     A/B measurements of the threshold between the two;
 //   "legacy": the sequence before the decode GEMM and the one-CTA plan (memset, four routing
 //     kernels, gemm.cuh's 16-token mma.sync tile, plain launches): for A/B measurements and as a
 //     fallback.
-enum class moe_path { standard, tiles, legacy };
+enum class moe_path { standard, tiles, prefill, legacy };
 
 moe_path requested_path() {
   const char* v = std::getenv("MXMOE_MOE_PATH");
   if (v == nullptr || *v == '\0') return moe_path::standard;
   const std::string s(v);
-  MXMOE_CHECK_ARG(s == "default" || s == "tiles" || s == "legacy", "MXMOE_MOE_PATH",
-                  "unset, 'default', 'tiles' or 'legacy'", s);
-  return s == "legacy" ? moe_path::legacy : s == "tiles" ? moe_path::tiles : moe_path::standard;
+  MXMOE_CHECK_ARG(s == "default" || s == "tiles" || s == "prefill" || s == "legacy", "MXMOE_MOE_PATH",
+                  "unset, 'default', 'tiles', 'prefill' or 'legacy'", s);
+  if (s == "legacy") return moe_path::legacy;
+  if (s == "tiles") return moe_path::tiles;
+  return s == "prefill" ? moe_path::prefill : moe_path::standard;
 }
 
 // Pairs per touched expert if routing were uniform (host-known: no sync): what the tile choices
@@ -58,7 +62,7 @@ gemm_config pick_config(int64_t tokens, int top_k, int64_t experts, moe_path pat
   const int64_t per_expert = pairs_per_expert(tokens, top_k, experts);
   if (path == moe_path::legacy)
     return per_expert <= 16 ? gemm_config::legacy_decode : per_expert <= 64 ? gemm_config::mid : gemm_config::large;
-  if (pairs <= sm90::kPlanMaxPairs && per_expert <= 20) return gemm_config::decode;
+  if (path != moe_path::prefill && pairs <= sm90::kPlanMaxPairs && per_expert <= 20) return gemm_config::decode;
   if (path == moe_path::tiles) return per_expert <= 64 ? gemm_config::mid : gemm_config::large;
   // The prefill GEMMs' narrow tiles (64 pairs, deep weight ring) where experts get few pairs.
   return per_expert <= 48 ? gemm_config::prefill_narrow : gemm_config::prefill_wide;
@@ -255,7 +259,7 @@ moe_layer::moe_layer(const moe_weights& w, const moe_config& cfg, const std::vec
   m.cfg = cfg;
   m.path = requested_path();
   sm90::prepare_gemm_kernels();
-  if (m.path == moe_path::standard) sm90::prepare_prefill_kernels();
+  if (m.path == moe_path::standard || m.path == moe_path::prefill) sm90::prepare_prefill_kernels();
   sm90::prepare_plan_kernel();
   {
     decode_device& d = m.decode_dev;
