@@ -38,9 +38,10 @@
 //
 // Limits (launchers check): K a multiple of 32, rows a multiple of 16 (layout::sm90_fragment),
 // B rows and weights 16-byte aligned, at least one B row; tiles as routing.cu's schedule writes
-// them with tokens_per_tile = NMAX. Two instantiations (one translation unit each):
+// them with tokens_per_tile = NMAX. Two tiles (one translation unit each):
 // prefill_narrow_tile for up to 48 pairs per expert (weight streaming: deep weight ring),
-// prefill_wide_tile above.
+// prefill_wide_tile above; each with and without the per-fragment test of the scale bytes
+// (gemm_weights::scales_in_range).
 // A programmatic dependent launch (pdl.cuh): every CTA waits for the previous kernel after
 // initialising its barriers, before any global memory access.
 // Selected by moe_layer.cu's pick_config beyond the decode GEMM (MXMOE_MOE_PATH=tiles runs
@@ -194,6 +195,7 @@ __device__ void load_activations(const prefill_smem<Cfg>& sm, const prefill_maps
 
 // ---- consumers ---------------------------------------------------------------------------
 
+
 // Called after a wgmma.wait_group, which the whole warp executes together: the wgmmas that read
 // the slot are complete for every lane, so one elected lane releases it (elect.sync: no
 // divergent branch around the arrive).
@@ -277,13 +279,13 @@ __device__ __forceinline__ const uint8_t* fragment_scales(const prefill_smem<Cfg
 // rows are computed and dropped. (Converting whatever its slot rows hold instead, without the
 // test, made ptxas serialize every wgmma: C7513, "non wgmma instructions defining input
 // registers".)
-template <class Cfg, bool FULL>
+template <class Cfg, bool FULL, bool kScalesInRange>
 __device__ void consume_item(const prefill_smem<Cfg>& sm, const prefill_grid& pg, int64_t item, int n16,
                              const gemm_weights& w, const moe_workspace& ws, epilogue_kind ep,
                              const activation_config& act, detail::ring_pos<Cfg::A_STAGES>& a_pos,
                              detail::ring_pos<Cfg::B_STAGES>& b_pos) {
   const int ksteps = pg.ksteps;
-  const int local_tile = threadIdx.x >> 5;  // warp q of warpgroup h: row tile 4h + q of the block
+  const int local_tile = warp_index();  // warp q of warpgroup h: row tile 4h + q of the block
   float acc[Cfg::NMAX / 2];
 #pragma unroll
   for (int i = 0; i < Cfg::NMAX / 2; ++i) acc[i] = 0.0f;
@@ -292,7 +294,7 @@ __device__ void consume_item(const prefill_smem<Cfg>& sm, const prefill_grid& pg
   // the next), read two K-steps ahead; K-steps past K are zeros in the slot (read, not used).
   uint4 codes[2] = {};
   uint32_t scales[2] = {};
-  const bool rows_valid = local_tile < prefill_item_at<Cfg::ROW_TILES>(ws, pg, item).row_tiles;
+  const bool rows_valid = local_tile < warp_uniform(prefill_item_at<Cfg::ROW_TILES>(ws, pg, item).row_tiles);
   const auto read_fragment = [&](int slot, int j) {
     if (!rows_valid) return;
     codes[j & 1] = *reinterpret_cast<const uint4*>(fragment_codes(sm, slot, local_tile, j));
@@ -306,7 +308,7 @@ __device__ void consume_item(const prefill_smem<Cfg>& sm, const prefill_grid& pg
     for (int j = 0; j < Cfg::A_KSTEPS; ++j) {
       const bool live = ks + j < ksteps;
       uint32_t(&a)[4][4] = (j & 1) ? a1 : a0;  // stages hold an even number of K-steps
-      if (live && rows_valid) detail::dequant_fragment(codes[j & 1], scales[j & 1], a);
+      if (live && rows_valid) detail::dequant_fragment<kScalesInRange>(codes[j & 1], scales[j & 1], a);
       if (j + 2 < Cfg::A_KSTEPS) read_fragment(a_pos.slot, j + 2);
       if (j + 3 == Cfg::A_KSTEPS) {  // the stage's last read is issued: release the slot
         detail::fence_reads_before_copies();
@@ -345,29 +347,31 @@ __device__ void skip_item(const prefill_smem<Cfg>& sm, int ksteps, detail::ring_
   }
 }
 
-template <class Cfg>
+template <class Cfg, bool kScalesInRange>
 __device__ void consume(const prefill_smem<Cfg>& sm, const gemm_weights& w, const moe_workspace& ws,
                         epilogue_kind ep, const activation_config& act, const prefill_grid& pg) {
   detail::ring_pos<Cfg::A_STAGES> a_pos;
   detail::ring_pos<Cfg::B_STAGES> b_pos;
-  const int first_tile_of_group = (threadIdx.x >> 5) & ~3;
+  const int first_tile_of_group = warp_index() & ~3;
   for (int64_t i = blockIdx.x; i < pg.items; i += gridDim.x) {
     const prefill_item it = prefill_item_at<Cfg::ROW_TILES>(ws, pg, i);
-    if (first_tile_of_group >= it.row_tiles) {
+    if (first_tile_of_group >= warp_uniform(it.row_tiles)) {
       skip_item<Cfg>(sm, pg.ksteps, a_pos, b_pos);
       continue;
     }
-    const int n16 = __shfl_sync(0xFFFFFFFFu, (it.count + Cfg::N_STEP - 1) / Cfg::N_STEP, 0);
+    const int n16 = warp_uniform((it.count + Cfg::N_STEP - 1) / Cfg::N_STEP);
     if (Cfg::FULL_WIDTH_LOOP && n16 == Cfg::WIDTHS)
-      consume_item<Cfg, true>(sm, pg, i, n16, w, ws, ep, act, a_pos, b_pos);
+      consume_item<Cfg, true, kScalesInRange>(sm, pg, i, n16, w, ws, ep, act, a_pos, b_pos);
     else
-      consume_item<Cfg, false>(sm, pg, i, n16, w, ws, ep, act, a_pos, b_pos);
+      consume_item<Cfg, false, kScalesInRange>(sm, pg, i, n16, w, ws, ep, act, a_pos, b_pos);
   }
 }
 
 // ---- kernel and launch -------------------------------------------------------------------
 
-template <class Cfg>
+// kScalesInRange: gemm_weights::scales_in_range (the dequantization's per-fragment test of the
+// scale bytes left out, as in the decode GEMM).
+template <class Cfg, bool kScalesInRange>
 __global__ void __launch_bounds__(Cfg::THREADS, 1)
     moe_gemm_prefill_kernel(const __grid_constant__ prefill_maps<Cfg::WIDTHS> maps, gemm_weights w,
                             moe_workspace ws, epilogue_kind ep, activation_config act) {
@@ -411,15 +415,19 @@ __global__ void __launch_bounds__(Cfg::THREADS, 1)
     }
   } else {
     cutlass::arch::warpgroup_reg_alloc<Cfg::CONSUMER_REGISTERS>();
-    consume<Cfg>(sm, w, ws, ep, act, pg);
+    consume<Cfg, kScalesInRange>(sm, w, ws, ep, act, pg);
   }
 }
 
 // Outside any stream capture (moe_layer's constructor): more than 48 KB of shared memory.
 template <class Cfg>
 cudaError_t allow_prefill_smem() {
-  return cudaFuncSetAttribute(moe_gemm_prefill_kernel<Cfg>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                              Cfg::SMEM_BYTES);
+  cudaError_t e = cudaFuncSetAttribute(moe_gemm_prefill_kernel<Cfg, false>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                       Cfg::SMEM_BYTES);
+  if (e == cudaSuccess)
+    e = cudaFuncSetAttribute(moe_gemm_prefill_kernel<Cfg, true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                             Cfg::SMEM_BYTES);
+  return e;
 }
 
 // One persistent CTA per SM, never more than the work items the schedule can make.
@@ -430,7 +438,8 @@ void launch_gemm_prefill_with(const gemm_launch& l, const gemm_weights& w, const
   const layout::sm90_fragment frag{w.rows, w.cols};
   const int64_t items = l.max_tiles * layout::ceil_div(frag.row_tiles(), Cfg::ROW_TILES);
   const unsigned grid = static_cast<unsigned>(std::max<int64_t>(1, std::min<int64_t>(sms, items)));
-  launch_pdl(moe_gemm_prefill_kernel<Cfg>, dim3(grid), dim3(Cfg::THREADS), Cfg::SMEM_BYTES, stream, l.dependent, maps,
+  auto* kernel = w.scales_in_range ? moe_gemm_prefill_kernel<Cfg, true> : moe_gemm_prefill_kernel<Cfg, false>;
+  launch_pdl(kernel, dim3(grid), dim3(Cfg::THREADS), Cfg::SMEM_BYTES, stream, l.dependent, maps,
              w, ws, ep, act);
 }
 
