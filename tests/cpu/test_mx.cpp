@@ -661,6 +661,14 @@ TEST(Dtype, FloatToBf16RoundsToNearestEven) {
   }
 }
 
+// The host half of float2_to_bf16x2 (the device half: tests/gpu/test_gpu_dtype.cu): float_to_bf16
+// of each, the first argument in bits 0..15.
+TEST(Dtype, Float2ToBf16x2PutsTheFirstInTheLowHalf) {
+  EXPECT_EQ(mxmoe::float2_to_bf16x2(1.0f, -2.0f), 0b1100'0000'0000'0000'0011'1111'1000'0000u);
+  EXPECT_EQ(mxmoe::float2_to_bf16x2(from_bits(0x3F818000u), 0.0f), 0x00003F82u);  // tie, odd rounds up
+  EXPECT_EQ(mxmoe::float2_to_bf16x2(0.0f, std::numeric_limits<float>::infinity()), 0x7F800000u);
+}
+
 // Oracle: f16 value of the bits, from the IEEE binary16 definition in double.
 double f16_value(uint16_t h) {
   const int e = (h >> 10) & 0x1F, m = h & 0x3FF;

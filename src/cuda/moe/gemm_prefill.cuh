@@ -34,7 +34,13 @@
 // N = 16·ceil(count/16) per tile (the K-step picks the wgmma instruction): a tile of 18 pairs
 // costs a 32-wide product, not an NMAX-wide one; NMAX sets the ring slot and the accumulators
 // (NMAX/2 floats per thread). fp32 accumulation over the whole K, one CTA per output: deterministic.
-// Epilogues: prefill_epilogue.cuh (activation fused in GEMM1, routing weight in GEMM2).
+// Epilogues: prefill_epilogue.cuh (activation fused in GEMM1, routing weight in GEMM2); each
+// consumer warp transposes its accumulators through 512 bytes of its own shared memory (stmatrix)
+// and stores 16-byte vectors: 8x fewer store instructions than 2-byte stores straight from the
+// accumulators, 0.91-0.97 of the layer time at T >= 2048 (docs/performance.md, eleventh session).
+// The consumer warpgroups start 2 K-steps apart (STAGGER, a named barrier once per CTA) and keep
+// that distance through the rings, so one warpgroup's first conversion and epilogue overlap the
+// others' wgmmas instead of all three idling the tensor cores at once.
 //
 // Limits (launchers check): K a multiple of 32, rows a multiple of 16 (layout::sm90_fragment),
 // B rows and weights 16-byte aligned, at least one B row; tiles as routing.cu's schedule writes
@@ -58,6 +64,7 @@
 #include <cute/arch/cluster_sm90.hpp>
 #include <cute/arch/copy_sm90_desc.hpp>
 #include <cute/arch/mma_sm90_gmma.hpp>
+#include <cutlass/arch/barrier.h>
 #include <cutlass/arch/reg_reconfig.h>
 
 #include "mxmoe/layout.h"
@@ -95,6 +102,10 @@ struct prefill_tile {
   static constexpr int WIDTHS = NMAX / N_STEP;
   static constexpr int A_STAGES = A_STAGES_, B_STAGES = B_STAGES_;
   static constexpr int A_KSTEPS = 4;  // K-steps per weight stage
+  // Consumer warpgroup h starts h * STAGGER K-steps behind warpgroup 0, so that the three do not
+  // reach an item's first conversion and its epilogue at the same time. The B ring bounds how far
+  // warpgroup 0 may run ahead: STAGGER * (CONSUMER_GROUPS - 1) K-steps must leave it a slot.
+  static constexpr int STAGGER = 2;
   static constexpr int TILE_CODES = layout::sm90_fragment::kTileBytes;
   static constexpr int TILE_SCALES = layout::sm90_fragment::kTileScaleBytes;
   // Weight stage: codes [ROW_TILES][A_KSTEPS][512], then scales [ROW_TILES][A_KSTEPS][32] (the
@@ -109,10 +120,12 @@ struct prefill_tile {
   // 512 threads start with 128 registers each (the whole register file); the producers give 96
   // of theirs back, the consumers take 32 more: 128 x 32 + 384 x 160 = 65536.
   static constexpr int PRODUCER_REGISTERS = 32, CONSUMER_REGISTERS = 160;
-  // Shared memory, from a 1024-byte aligned base: [B slots][A slots][barriers].
+  // Shared memory, from a 1024-byte aligned base: [B slots][A slots][epilogue stages][barriers].
   static constexpr int A_OFFSET = B_STAGES * B_STAGE_BYTES;
-  static constexpr int BAR_OFFSET = A_OFFSET + A_STAGES * A_STAGE_BYTES;
+  static constexpr int STAGE_OFFSET = A_OFFSET + A_STAGES * A_STAGE_BYTES;
+  static constexpr int BAR_OFFSET = STAGE_OFFSET + CONSUMER_WARPS * kEpilogueStageBytes;
   static constexpr int SMEM_BYTES = 1024 + BAR_OFFSET + 2 * (A_STAGES + B_STAGES) * 8;
+  static_assert(STAGGER * (CONSUMER_GROUPS - 1) < B_STAGES, "warpgroup 0 must not wait for a slot the others hold");
   static_assert(NMAX % N_STEP == 0 && NMAX <= 176, "per-tile wgmma widths: multiples of 16 up to 176 (mma.cuh)");
   static_assert(THREADS == 512 && 128 * PRODUCER_REGISTERS + 384 * CONSUMER_REGISTERS == 65536,
                 "the register split fills the register file of one CTA per SM");
@@ -147,6 +160,7 @@ struct prefill_smem {
   uint8_t* base;  // 1024-byte aligned
   __device__ uint8_t* b_slot(int s) const { return base + s * Cfg::B_STAGE_BYTES; }
   __device__ uint8_t* a_slot(int s) const { return base + Cfg::A_OFFSET + s * Cfg::A_STAGE_BYTES; }
+  __device__ uint8_t* epilogue_stage(int warp) const { return base + Cfg::STAGE_OFFSET + warp * kEpilogueStageBytes; }
   __device__ uint64_t* bar(int i) const { return reinterpret_cast<uint64_t*>(base + Cfg::BAR_OFFSET) + i; }
   __device__ uint64_t* a_full(int s) const { return bar(s); }
   __device__ uint64_t* a_empty(int s) const { return bar(Cfg::A_STAGES + s); }
@@ -275,6 +289,18 @@ __device__ __forceinline__ const uint8_t* fragment_scales(const prefill_smem<Cfg
          ((threadIdx.x & 31) >> 2) * 4;
 }
 
+// Named barrier h (h = 1, 2): warpgroup 0's 128 threads arrive once they issued h * STAGGER
+// K-steps of their first item, warpgroup h's 128 wait for it before their first item. Nothing
+// re-synchronizes the warpgroups after that: they share the rings but wait only for the loaders.
+constexpr uint32_t kStaggerThreads = 256;
+template <class Cfg>
+__device__ __forceinline__ void stagger_release(int issued_before, int issued_after) {
+#pragma unroll
+  for (int h = 1; h < Cfg::CONSUMER_GROUPS; ++h)
+    if (issued_before < h * Cfg::STAGGER && issued_after >= h * Cfg::STAGGER)
+      cutlass::arch::NamedBarrier::arrive(kStaggerThreads, h);
+}
+
 // A warp past the matrix's last row tile (a partial last row block) keeps zero A registers: its
 // rows are computed and dropped. (Converting whatever its slot rows hold instead, without the
 // test, made ptxas serialize every wgmma: C7513, "non wgmma instructions defining input
@@ -283,7 +309,7 @@ template <class Cfg, bool FULL, bool kScalesInRange>
 __device__ void consume_item(const prefill_smem<Cfg>& sm, const prefill_grid& pg, int64_t item, int n16,
                              const gemm_weights& w, const moe_workspace& ws, epilogue_kind ep,
                              const activation_config& act, detail::ring_pos<Cfg::A_STAGES>& a_pos,
-                             detail::ring_pos<Cfg::B_STAGES>& b_pos) {
+                             detail::ring_pos<Cfg::B_STAGES>& b_pos, bool releases_stagger) {
   const int ksteps = pg.ksteps;
   const int local_tile = warp_index();  // warp q of warpgroup h: row tile 4h + q of the block
   float acc[Cfg::NMAX / 2];
@@ -317,8 +343,10 @@ __device__ void consume_item(const prefill_smem<Cfg>& sm, const prefill_grid& pg
         a_pos.advance();
       }
       if (live) mma_kstep<Cfg, FULL>(sm, n16, a, acc, b_pos, ks + j > 0);
+      if (releases_stagger && live) stagger_release<Cfg>(ks + j, ks + j + 1);
     }
   }
+  if (releases_stagger) stagger_release<Cfg>(ksteps, 1 << 30);  // an item shorter than the stagger
   // The epilogue's loads overlap the last K-step's wgmmas.
   const prefill_item it = prefill_item_at<Cfg::ROW_TILES>(ws, pg, item);
   const prefill_epilogue_inputs<Cfg::NMAX> inputs = load_prefill_epilogue_inputs<Cfg::NMAX>(it, local_tile, w, ws, ep);
@@ -326,7 +354,7 @@ __device__ void consume_item(const prefill_smem<Cfg>& sm, const prefill_grid& pg
 #pragma unroll
   for (int i = 0; i < Cfg::NMAX / 2; ++i) cute::warpgroup_fence_operand(acc[i]);
   release_activations(sm, b_pos.slot == 0 ? Cfg::B_STAGES - 1 : b_pos.slot - 1);  // the last K-step's
-  store_prefill_item<Cfg::NMAX>(acc, inputs, it, local_tile, w, ws, ep, act);
+  store_prefill_item<Cfg::NMAX>(acc, inputs, it, local_tile, w, ws, ep, act, sm.epilogue_stage(local_tile));
 }
 
 // A warpgroup whose 64 rows are all past the matrix (the last row block of a matrix with
@@ -353,6 +381,11 @@ __device__ void consume(const prefill_smem<Cfg>& sm, const gemm_weights& w, cons
   detail::ring_pos<Cfg::A_STAGES> a_pos;
   detail::ring_pos<Cfg::B_STAGES> b_pos;
   const int first_tile_of_group = warp_index() & ~3;
+  const int group = first_tile_of_group >> 2;
+  // The grid is sized for the most tiles the routing can make: a CTA may get no item, and then
+  // warpgroup 0 never arrives.
+  if (group > 0 && blockIdx.x < pg.items)
+    cutlass::arch::NamedBarrier::sync(kStaggerThreads, group);
   for (int64_t i = blockIdx.x; i < pg.items; i += gridDim.x) {
     const prefill_item it = prefill_item_at<Cfg::ROW_TILES>(ws, pg, i);
     if (first_tile_of_group >= warp_uniform(it.row_tiles)) {
@@ -360,10 +393,11 @@ __device__ void consume(const prefill_smem<Cfg>& sm, const gemm_weights& w, cons
       continue;
     }
     const int n16 = warp_uniform((it.count + Cfg::N_STEP - 1) / Cfg::N_STEP);
+    const bool first = group == 0 && i == blockIdx.x;  // warpgroup 0 never skips an item
     if (Cfg::FULL_WIDTH_LOOP && n16 == Cfg::WIDTHS)
-      consume_item<Cfg, true, kScalesInRange>(sm, pg, i, n16, w, ws, ep, act, a_pos, b_pos);
+      consume_item<Cfg, true, kScalesInRange>(sm, pg, i, n16, w, ws, ep, act, a_pos, b_pos, first);
     else
-      consume_item<Cfg, false, kScalesInRange>(sm, pg, i, n16, w, ws, ep, act, a_pos, b_pos);
+      consume_item<Cfg, false, kScalesInRange>(sm, pg, i, n16, w, ws, ep, act, a_pos, b_pos, first);
   }
 }
 

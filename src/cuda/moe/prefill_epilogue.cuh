@@ -11,6 +11,8 @@
 
 #include <cstdint>
 
+#include <cute/arch/copy_sm90.hpp>
+
 #include "mxmoe/activation.h"
 #include "mxmoe/dtype.h"
 
@@ -59,43 +61,82 @@ __device__ __forceinline__ prefill_epilogue_inputs<NMAX> load_prefill_epilogue_i
   return in;
 }
 
+// Shared memory a consumer warp stages its stores through: four 8x8 bf16 matrices.
+inline constexpr int kEpilogueStageBytes = 512;
+
+// Four 8x8 b16 matrices from the accumulator layout (register j of lane l: row l / 4, columns
+// 2 (l % 4) and 2 (l % 4) + 1 of matrix j) into `stage`, transposed: matrix j's column c becomes the
+// 16 bytes at stage + 128 j + 16 c. stmatrix .trans: lane l names the address of row l % 8 of
+// matrix l / 8.
+__device__ __forceinline__ void stage_transposed(uint8_t* stage, uint32_t m0, uint32_t m1, uint32_t m2, uint32_t m3) {
+  cute::SM90_U16x8_STSM_T::copy(m0, m1, m2, m3,
+                                *reinterpret_cast<cute::uint128_t*>(stage + 16 * (threadIdx.x & 31)));
+}
+
+// The stores leave in 16-byte vectors, one per token column and eight consecutive output rows:
+// the accumulators go through the warp's `stage` (stmatrix .trans) and come back with one 16-byte
+// shared load per lane. Written as 2-byte stores straight from the accumulators instead (until
+// 2026-12-05), a 176-wide tile took 88 store instructions per thread for weighted_down, each
+// touching four half-filled sectors.
+//   weighted_down: per 16 token columns (blocks ni0 = 2p, 2p + 1) the four matrices (ni0, rows g),
+//     (ni0, rows g + 8), (ni0 + 1, rows g), (ni0 + 1, rows g + 8); lane l then holds token column
+//     16 p + 8 (l / 16) + l % 8 at rows 8 ((l / 8) % 2) .. + 7 of the row tile.
+//   gate_up_activation: per 32 token columns (blocks 4q .. 4q + 3) one matrix per block of the eight
+//     activation outputs j of the row tile; lane l then holds token column 32 q + l.
 template <int NMAX>
 __device__ __forceinline__ void store_prefill_item(const float (&acc)[NMAX / 2], const prefill_epilogue_inputs<NMAX>& in,
                                                    const prefill_item& it, int local_tile, const gemm_weights& w,
                                                    const moe_workspace& ws, epilogue_kind ep,
-                                                   const activation_config& act) {
+                                                   const activation_config& act, uint8_t* stage) {
   if (local_tile >= it.row_tiles) return;  // a warp past the last row tile of the matrix (the whole warp)
-  const int lane = threadIdx.x & 31, g = lane >> 2, t4 = lane & 3;
+  const int lane = threadIdx.x & 31, t4 = lane & 3;
   const int64_t rt = it.row_tile0 + local_tile;
-  const int64_t r0 = rt * 16 + g, r1 = r0 + 8;
-  // weighted_down: the lane that stores a column gets its pair and weight by shuffles from the
-  // lane that loaded them.
-  const bool down = ep == epilogue_kind::weighted_down;
+  const uint4* staged = reinterpret_cast<const uint4*>(stage) + lane;
+  if (ep == epilogue_kind::weighted_down) {
 #pragma unroll
-  for (int i = 0; i < in.ROUNDS; ++i) {
-    if (32 * i >= it.count) break;  // uniform: the shuffles below see every lane
+    for (int p = 0; p < NMAX / 16; ++p) {
+      if (16 * p >= it.count) break;  // uniform
+      const int i = p / 2;            // the round of in.pair / in.weight holding these 16 columns
+      uint32_t m[4];
 #pragma unroll
-    for (int q = 0; q < 4; ++q) {
-      const int ni = 4 * i + q;  // block of 8 token columns
-      if (ni >= NMAX / 8 || ni * 8 >= it.count) break;
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const int r = ni * 8 + 2 * t4 + h;  // held by lane r % 32 = 8 q + 2 t4 + h in round i
-        const float v0 = acc[4 * ni + h] + in.bias0, v1 = acc[4 * ni + 2 + h] + in.bias1;
-        if (down) {
-          const int32_t pair = __shfl_sync(0xFFFFFFFFu, in.pair[i], 8 * q + 2 * t4 + h);
-          const float wt = __shfl_sync(0xFFFFFFFFu, in.weight[i], 8 * q + 2 * t4 + h);
-          if (r >= it.count) continue;
-          uint16_t* y = ws.ybuf + static_cast<int64_t>(pair) * w.rows;
-          y[r0] = float_to_bf16(v0 * wt);
-          y[r1] = float_to_bf16(v1 * wt);
-        } else {
-          if (r >= it.count) continue;
-          const int64_t s = it.start + r;  // sorted position of the token column
-          const int64_t inter = w.rows / 2;
-          ws.act[s * inter + rt * 8 + g] = float_to_bf16(activate(v0, v1, act));
-        }
+      for (int b = 0; b < 2; ++b) {
+        const int ni = 2 * p + b;
+        // The weights of this lane's two token columns 8 ni + 2 t4 + h, from the lanes that loaded them.
+        const int src = (8 * ni + 2 * t4) & 31;
+        const float w0 = __shfl_sync(0xFFFFFFFFu, in.weight[i], src);
+        const float w1 = __shfl_sync(0xFFFFFFFFu, in.weight[i], src + 1);
+        m[2 * b] = float2_to_bf16x2((acc[4 * ni] + in.bias0) * w0, (acc[4 * ni + 1] + in.bias0) * w1);
+        m[2 * b + 1] = float2_to_bf16x2((acc[4 * ni + 2] + in.bias1) * w0, (acc[4 * ni + 3] + in.bias1) * w1);
       }
+      stage_transposed(stage, m[0], m[1], m[2], m[3]);
+      __syncwarp();
+      const uint4 v = *staged;
+      __syncwarp();  // the next round's stmatrix overwrites the stage
+      const int col = 16 * p + 8 * (lane >> 4) + (lane & 7);
+      const int32_t pair = __shfl_sync(0xFFFFFFFFu, in.pair[i], col & 31);
+      if (col < it.count)
+        *reinterpret_cast<uint4*>(ws.ybuf + static_cast<int64_t>(pair) * w.rows + rt * 16 + 8 * ((lane >> 3) & 1)) = v;
+    }
+  } else {
+    const int64_t inter = w.rows / 2;
+#pragma unroll
+    for (int q = 0; q < (NMAX + 31) / 32; ++q) {
+      if (32 * q >= it.count) break;  // uniform
+      uint32_t m[4];
+#pragma unroll
+      for (int b = 0; b < 4; ++b) {
+        const int ni = 4 * q + b;
+        m[b] = ni < NMAX / 8 ? float2_to_bf16x2(activate(acc[4 * ni] + in.bias0, acc[4 * ni + 2] + in.bias1, act),
+                                           activate(acc[4 * ni + 1] + in.bias0, acc[4 * ni + 3] + in.bias1, act))
+                             : 0u;
+      }
+      stage_transposed(stage, m[0], m[1], m[2], m[3]);
+      __syncwarp();
+      const uint4 v = *staged;
+      __syncwarp();
+      const int col = 32 * q + lane;
+      if (col < it.count)
+        *reinterpret_cast<uint4*>(ws.act + (static_cast<int64_t>(it.start) + col) * inter + rt * 8) = v;
     }
   }
 }
