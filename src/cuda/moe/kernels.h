@@ -43,6 +43,7 @@ struct moe_workspace {
   float* weights;       // [T*k]
   int32_t* pos;         // [T*k]
   int32_t* sorted;      // [T*k]
+  float* sorted_weights;  // [T*k]: weights[sorted[s]], written with sorted (GEMM2's epilogue reads it)
   uint16_t* act;        // [T*k, I] bf16
   uint16_t* ybuf;       // [T*k, H] bf16
 };

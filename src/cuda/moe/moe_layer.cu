@@ -173,7 +173,7 @@ decode_split pick_decode_split(int bn, int ring_rows, int64_t est_tiles, int64_t
 }
 
 struct workspace_plan {
-  size_t counts, offsets, num_tiles, error_flag, tiles, ids, weights, pos, sorted, act, ybuf, total;
+  size_t counts, offsets, num_tiles, error_flag, tiles, ids, weights, pos, sorted, sorted_weights, act, ybuf, total;
   workspace_plan(int64_t tokens, const moe_config& c) {
     const size_t pairs = static_cast<size_t>(tokens * c.routing.top_k);
     const size_t e = static_cast<size_t>(c.shape.experts);
@@ -195,6 +195,7 @@ struct workspace_plan {
     weights = take(pairs * 4);
     pos = take(pairs * 4);
     sorted = take(pairs * 4);
+    sorted_weights = take(pairs * 4);
     act = take(pairs * static_cast<size_t>(c.shape.intermediate) * 2);
     ybuf = take(pairs * static_cast<size_t>(c.shape.hidden) * 2);
     total = o;
@@ -206,7 +207,8 @@ struct workspace_plan {
             reinterpret_cast<int32_t*>(b + num_tiles), reinterpret_cast<int32_t*>(b + error_flag),
             reinterpret_cast<sm90::tile_desc*>(b + tiles), reinterpret_cast<int32_t*>(b + ids),
             reinterpret_cast<float*>(b + weights),     reinterpret_cast<int32_t*>(b + pos),
-            reinterpret_cast<int32_t*>(b + sorted),    reinterpret_cast<uint16_t*>(b + act),
+            reinterpret_cast<int32_t*>(b + sorted),    reinterpret_cast<float*>(b + sorted_weights),
+            reinterpret_cast<uint16_t*>(b + act),
             reinterpret_cast<uint16_t*>(b + ybuf)};
   }
 };

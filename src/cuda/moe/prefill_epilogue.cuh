@@ -23,8 +23,10 @@ namespace mxmoe::cuda::sm90 {
 
 // What the stores of a work item read from global memory besides the accumulators: the two rows'
 // biases and (weighted_down) the pair and routing weight of each token column, column 32 i + lane
-// in round i. consume_item loads them before it waits for the item's last wgmmas, in two waves of
-// independent loads (the pairs, then their weights): the stores then wait for no load. Loaded
+// in round i. consume_item loads them before it waits for the item's last wgmmas, all independent
+// (the weights from sorted_weights, written by the routing kernels in sorted order: read as
+// weights[pair] they waited for the pair's load, ~6 % of GEMM2's samples at the item's end, ncu
+// 2026-12-05, eleventh session): the stores then wait for no load. Loaded
 // round by round inside the stores instead (until 2026-12-05), each round waited for two dependent
 // loads: with K = 768 (Qwen3-30B-A3B's GEMM2) stall sampling put ~48 % of the consumers' samples
 // in that epilogue (docs/performance.md, "2026-12-05 (fifth session)").
@@ -52,11 +54,11 @@ __device__ __forceinline__ prefill_epilogue_inputs<NMAX> load_prefill_epilogue_i
   }
   if (ep == epilogue_kind::weighted_down) {
 #pragma unroll
-    for (int i = 0; i < in.ROUNDS; ++i)
-      if (32 * i + lane < it.count) in.pair[i] = ws.sorted[it.start + 32 * i + lane];
-#pragma unroll
-    for (int i = 0; i < in.ROUNDS; ++i)
-      if (32 * i + lane < it.count) in.weight[i] = ws.weights[in.pair[i]];
+    for (int i = 0; i < in.ROUNDS; ++i) {
+      if (32 * i + lane >= it.count) continue;
+      in.pair[i] = ws.sorted[it.start + 32 * i + lane];
+      in.weight[i] = ws.sorted_weights[it.start + 32 * i + lane];
+    }
   }
   return in;
 }

@@ -9,13 +9,14 @@
 //   plan:   one CTA does the rest: routes the tokens itself when there are few, or takes the ids
 //           of route, or imports caller-provided ids; counts pairs per expert in shared memory,
 //           scans (cub::BlockScan) to offsets and tiles, writes tile_desc{expert, start,
-//           count <= BN} in expert order, the error flag, and sorted[offsets[e] + rank] = p.
+//           count <= BN} in expert order, the error flag, and sorted[offsets[e] + rank] = p
+//           (with sorted_weights[offsets[e] + rank] = weights[p]).
 // More pairs (prefill), the four-step path:
 //   route:    as above, and each slot bumps counts[e] and records its rank pos[p] (atomics;
 //             the counters were cleared by a memset).
 //   import:   the same bookkeeping for caller-provided ids / weights.
 //   schedule: one CTA: the scans and the tile list.
-//   scatter:  sorted[offsets[e] + pos[p]] = p.
+//   scatter:  sorted[offsets[e] + pos[p]] = p, sorted_weights[offsets[e] + pos[p]] = weights[p].
 // An id outside [0, E) in caller-provided routing drops its slot (ids[p] = -1, weight 0, it
 // contributes nothing) and sets bit 0 of the workspace error flag.
 // Expert map (a layer holding a subset of the experts, moe.h): where an expert id is written
@@ -468,7 +469,11 @@ __global__ void __launch_bounds__(kPlanThreads) plan_kernel(plan_args a, moe_wor
   __syncthreads();
   for (int p = tid; p < pairs; p += kPlanThreads) {
     const int pk = sm.pack[p];
-    if (pk >= 0) ws.sorted[sm.offsets[pk & 0xFFFF] + (pk >> 16)] = p;
+    if (pk >= 0) {
+      const int s = sm.offsets[pk & 0xFFFF] + (pk >> 16);
+      ws.sorted[s] = p;
+      ws.sorted_weights[s] = ws.weights[p];
+    }
   }
 }
 
@@ -476,7 +481,11 @@ __global__ void scatter_kernel(int64_t pairs, moe_workspace ws) {
   const int64_t p = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (p >= pairs) return;
   const int e = ws.ids[p];
-  if (e >= 0) ws.sorted[ws.offsets[e] + ws.pos[p]] = static_cast<int32_t>(p);
+  if (e >= 0) {
+    const int64_t s = ws.offsets[e] + ws.pos[p];
+    ws.sorted[s] = static_cast<int32_t>(p);
+    ws.sorted_weights[s] = ws.weights[p];
+  }
 }
 
 unsigned blocks_for(int64_t n, int threads) { return static_cast<unsigned>((n + threads - 1) / threads); }
