@@ -37,7 +37,8 @@
 // Epilogues: prefill_epilogue.cuh (activation fused in GEMM1, routing weight in GEMM2); each
 // consumer warp transposes its accumulators through 512 bytes of its own shared memory (stmatrix)
 // and stores 16-byte vectors: 8x fewer store instructions than 2-byte stores straight from the
-// accumulators, 0.91-0.97 of the layer time at T >= 2048 (docs/performance.md, eleventh session).
+// accumulators (with the stagger below and bf16x2 packing by cvt: 0.89-0.99 of the layer time at
+// T >= 2048 on three shapes, docs/performance.md, "2026-12-05 (eleventh session)").
 // The consumer warpgroups start 2 K-steps apart (STAGGER, a named barrier once per CTA) and keep
 // that distance through the rings, so one warpgroup's first conversion and epilogue overlap the
 // others' wgmmas instead of all three idling the tensor cores at once.
