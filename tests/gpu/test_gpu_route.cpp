@@ -1,6 +1,6 @@
 // GPU tests of the routing kernel on its own (cuda::route, routing.cu's route_kernel) against the
 // CPU reference cpu::route: the same experts for every token and weights within float rounding,
-// for each register width of the kernel (E <= 128, <= 256, <= 512) and each way grouped routing
+// for each register width of the kernel (E <= 128, <= 256, <= 384, <= 512) and each way grouped routing
 // scores its groups: every group kept (topk_group == n_group: Kimi-K2's one group of 384),
 // groups of whole warp registers (group size a multiple of 32: DeepSeek-V3's 8 groups of 32,
 // 2 groups of 256) and groups scored lane by lane (group size 8, 48). The slot order may differ
@@ -129,6 +129,11 @@ INSTANTIATE_TEST_SUITE_P(
                     route_case{"grouped_4_of_8_groups_of_32_e256", 256, 8, routing_kind::sigmoid_grouped_topk, 8, 4, true},
                     route_case{"grouped_1_of_2_groups_of_256_e512", 512, 8, routing_kind::sigmoid_grouped_topk, 2, 1, true},
                     route_case{"grouped_3_of_3_groups_of_128_e384", 384, 6, routing_kind::sigmoid_grouped_topk, 3, 3, false},
+                    // 257..384 experts: twelve logits per lane (route_kernel<12>), scored groups of
+                    // whole registers, of partial ones, and an E that ends inside a register.
+                    route_case{"grouped_3_of_6_groups_of_64_e384", 384, 8, routing_kind::sigmoid_grouped_topk, 6, 3, true},
+                    route_case{"grouped_2_of_4_groups_of_75_e300", 300, 6, routing_kind::sigmoid_grouped_topk, 4, 2, false},
+                    route_case{"softmax_e300_k8", 300, 8, routing_kind::softmax_topk, 1, 1, true},
                     route_case{"grouped_4_of_8_groups_of_8_e64", 64, 6, routing_kind::sigmoid_grouped_topk, 8, 4, true},
                     route_case{"grouped_1_of_2_groups_of_48_e96", 96, 4, routing_kind::sigmoid_grouped_topk, 2, 1, true}),
     [](const testing::TestParamInfo<route_case>& i) { return std::string(i.param.name); });

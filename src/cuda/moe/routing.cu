@@ -168,8 +168,9 @@ __host__ __device__ inline int route_scratch_words(const routing_config& r, int 
 }
 
 // Routes token t with the calling warp (all 32 lanes). Lane j < k ends with slot j's expert in
-// *e_out and its weight in *w_out. PER_LANE = ceil(E / 32) rounded up to 4, 8 or 16: the loops
-// over a lane's experts are unrolled, so a small E should not pay for 512.
+// *e_out and its weight in *w_out. PER_LANE = ceil(E / 32) rounded up to 4, 8, 12 or 16: the
+// loops over a lane's experts are unrolled, so a small E should not pay for 512 (12: Kimi-K2's
+// 384, whose routing warp is on the critical path of every forward at few tokens).
 template <int PER_LANE>
 __device__ void route_token(const void* __restrict__ logits, bool logits_bf16, const float* __restrict__ correction_bias,
                             const routing_config& r, int t, int experts, route_scratch scratch, int* e_out,
@@ -497,7 +498,10 @@ void launch_route(const void* logits, bool logits_bf16, const float* correction_
                   const moe_workspace& ws, cudaStream_t stream) {
   const dim3 grid(blocks_for(tokens, kRouteWarps)), block(kRouteWarps * 32);
   const int t = static_cast<int>(tokens), e = static_cast<int>(experts);
-  auto kernel = experts <= 128 ? route_kernel<4> : experts <= 256 ? route_kernel<8> : route_kernel<16>;
+  auto kernel = experts <= 128   ? route_kernel<4>
+                : experts <= 256 ? route_kernel<8>
+                : experts <= 384 ? route_kernel<12>
+                                 : route_kernel<16>;
   launch_pdl(kernel, grid, block, 0, stream, dependent, logits, logits_bf16, correction_bias, r, t, e, count_pairs,
              expert_map, ws);
 }
