@@ -150,6 +150,7 @@ struct prefill_tile {
 // memory, set the pace (no warp eligible in half the cycles, docs/performance.md); one K-step of
 // stagger, so the lagging warpgroups hold few weight slots of the five.
 using prefill_narrow_tile = prefill_tile<64, 5, 5, 4, 1>;
+using prefill_mid_tile = prefill_tile<112, 4, 5, 4, 1>;  // 49..80 pairs per expert, the same warps (117 registers)
 using prefill_wide_tile = prefill_tile<176, 4, 5, 3, 2>;  // more: tensor-core bound (176: 156 of 160 registers, no spills)
 
 // The kernel's tensor maps (prefill_launch.cu encodes them for every launch).
@@ -161,10 +162,13 @@ struct prefill_maps {
 };
 
 cudaError_t allow_prefill_smem_narrow();
+cudaError_t allow_prefill_smem_mid();
 cudaError_t allow_prefill_smem_wide();
 void launch_gemm_prefill_narrow(const gemm_launch&, const gemm_weights&,
                                 const prefill_maps<prefill_narrow_tile::WIDTHS>&, const moe_workspace&, epilogue_kind,
                                 const activation_config&, int sms, cudaStream_t);
+void launch_gemm_prefill_mid(const gemm_launch&, const gemm_weights&, const prefill_maps<prefill_mid_tile::WIDTHS>&,
+                             const moe_workspace&, epilogue_kind, const activation_config&, int sms, cudaStream_t);
 void launch_gemm_prefill_wide(const gemm_launch&, const gemm_weights&, const prefill_maps<prefill_wide_tile::WIDTHS>&,
                               const moe_workspace&, epilogue_kind, const activation_config&, int sms, cudaStream_t);
 
