@@ -144,28 +144,30 @@ TEST(GpuMoePrefillRouting, UnevenExpertsWide) {
                              T, ids, "uneven experts, wide", 31);
 }
 
+// Top-1 ids of T tokens: expert j < counts.size() gets counts[j] of them (in that order), the rest
+// go one by one, round robin, to the experts after those.
+std::vector<int32_t> uneven_top1_ids(int64_t T, const std::vector<int>& counts, int experts) {
+  std::vector<int32_t> ids;
+  for (size_t j = 0; j < counts.size(); ++j) ids.insert(ids.end(), static_cast<size_t>(counts[j]), static_cast<int32_t>(j));
+  const int first = static_cast<int>(counts.size()), rest = experts - first;
+  for (int64_t t = static_cast<int64_t>(ids.size()); t < T; ++t) ids.push_back(static_cast<int32_t>(first + t % rest));
+  return ids;
+}
+
 // The same for the narrow tiles (64 pairs): experts with 1, 64, 65 and 200 pairs, the rest
 // scattered one by one over the other 12 experts (600 pairs / 16 experts: narrow).
 TEST(GpuMoePrefillRouting, UnevenExpertsNarrow) {
-  const int64_t T = 600;
-  std::vector<int32_t> ids(static_cast<size_t>(T));
-  for (int64_t t = 0; t < T; ++t)
-    ids[t] = t < 1 ? 0 : t < 65 ? 1 : t < 130 ? 2 : t < 330 ? 3 : static_cast<int32_t>(4 + t % 12);
   expect_precomputed_matches(make_cfg(16, 320, 96, 1, routing_kind::softmax_topk, activation_kind::swiglu_clamped,
                                       layout::gate_up_order::concatenated),
-                             T, ids, "uneven experts, narrow", 37);
+                             600, uneven_top1_ids(600, {1, 64, 65, 200}, 16), "uneven experts, narrow", 37);
 }
 
 // The same for the mid tiles (112 pairs): experts with 1, 112, 113 and 250 pairs, the rest spread
 // over the other 6 experts (700 pairs / 10 experts: mid).
 TEST(GpuMoePrefillRouting, UnevenExpertsMid) {
-  const int64_t T = 700;
-  std::vector<int32_t> ids(static_cast<size_t>(T));
-  for (int64_t t = 0; t < T; ++t)
-    ids[t] = t < 1 ? 0 : t < 113 ? 1 : t < 226 ? 2 : t < 476 ? 3 : static_cast<int32_t>(4 + t % 6);
   expect_precomputed_matches(make_cfg(10, 352, 160, 1, routing_kind::softmax_topk, activation_kind::silu_mul,
                                       layout::gate_up_order::concatenated),
-                             T, ids, "uneven experts, mid", 39);
+                             700, uneven_top1_ids(700, {1, 112, 113, 250}, 10), "uneven experts, mid", 39);
 }
 
 // The tensor maps are encoded at capture and travel as kernel parameters: replays with new
