@@ -1,7 +1,7 @@
 // GPU tests of the prefill GEMMs (docs/moe_layer.md): the persistent warp-specialized GEMMs of
 // src/cuda/moe/gemm_prefill.cuh, which moe_layer.cu's pick_config runs beyond the decode GEMM
 // (more than 20 pairs per expert or more than 8,192 pairs): narrow (tiles of <= 64 pairs) up to 48
-// pairs per expert on average, mid (<= 112) up to 80, wide (<= 176) above. Every test here builds its layers
+// pairs per expert on average, mid (<= 96) up to 72, wide (<= 176) above. Every test here builds its layers
 // with MXMOE_MOE_PATH=default (scoped_moe_path: whatever the caller's environment says) and
 // checks, from a captured forward, that the gather and both prefill GEMMs are what runs. Against
 // the CPU reference, with the tolerances of docs/moe_layer.md; every case runs twice on
@@ -87,7 +87,7 @@ INSTANTIATE_TEST_SUITE_P(
                    activation_kind::swiglu_clamped, layout::gate_up_order::interleaved, true, {512}},
         shape_case{"gpt_oss_2880_narrow", 16, 2880, 2880, 1, routing_kind::topk_softmax,
                    activation_kind::swiglu_clamped, layout::gate_up_order::interleaved, true, {520}},
-        // 64 pairs per expert: mid tiles of up to 112.
+        // 64 pairs per expert: mid tiles of up to 96.
         shape_case{"gpt_oss_2880_mid", 16, 2880, 2880, 4, routing_kind::topk_softmax,
                    activation_kind::swiglu_clamped, layout::gate_up_order::interleaved, true, {256}},
         // Qwen3-30B-A3B's H = 2048, I = 768: 256 and 32 pairs per expert.
@@ -162,12 +162,12 @@ TEST(GpuMoePrefillRouting, UnevenExpertsNarrow) {
                              600, uneven_top1_ids(600, {1, 64, 65, 200}, 16), "uneven experts, narrow", 37);
 }
 
-// The same for the mid tiles (112 pairs): experts with 1, 112, 113 and 250 pairs, the rest spread
+// The same for the mid tiles (96 pairs): experts with 1, 96, 97 and 250 pairs, the rest spread
 // over the other 6 experts (700 pairs / 10 experts: mid).
 TEST(GpuMoePrefillRouting, UnevenExpertsMid) {
   expect_precomputed_matches(make_cfg(10, 352, 160, 1, routing_kind::softmax_topk, activation_kind::silu_mul,
                                       layout::gate_up_order::concatenated),
-                             700, uneven_top1_ids(700, {1, 112, 113, 250}, 10), "uneven experts, mid", 39);
+                             700, uneven_top1_ids(700, {1, 96, 97, 250}, 10), "uneven experts, mid", 39);
 }
 
 // The tensor maps are encoded at capture and travel as kernel parameters: replays with new

@@ -17,7 +17,7 @@
 //       (one tensor map per width), 128-byte swizzled (chunk c of row r at c ^ (r % 8): what the
 //       wgmma descriptor reads), into a ring of B_STAGES slots; rows past the tensor and the K
 //       tail arrive as zeros;
-//   warpgroups 0..G-1, the consumers (setmaxnreg up to 160 or 120 registers), 64 weight rows each (warp q
+//   warpgroups 0..G-1, the consumers (setmaxnreg up to 160 or 112 registers), 64 weight rows each (warp q
 //     of warpgroup h owns row tile 4h + q). Per K-step a warp turns its 16-byte fragment share and
 //     4 scale bytes into bf16 A registers (dequant.cuh) and its warpgroup issues four wgmma
 //     m64nNk16 with A from registers. The A registers are double-buffered: the conversion for
@@ -99,7 +99,7 @@ struct prefill_tile {
   // A main loop of its own for full-width tiles (one wgmma instruction, no width branch): for the
   // 176-wide tile ptxas serialized every wgmma of that loop (C7512, "insufficient register
   // resources"; found 2026-12-05 after an H100 run where this kernel lost 4-14 % at T = 16384),
-  // so only narrower tiles have it; and with four consumer warpgroups (120 registers) ptxas
+  // so only narrower tiles have it; and with four consumer warpgroups (112 registers) ptxas
   // serializes the wgmmas of a kernel holding both loops, so only three have it.
   static constexpr bool FULL_WIDTH_LOOP = NMAX_ <= 64 && CONSUMER_GROUPS_ == 3;
   static constexpr int WIDTHS = NMAX / N_STEP;
@@ -121,12 +121,16 @@ struct prefill_tile {
   static constexpr int WEIGHT_WARP = CONSUMER_WARPS, ACTIVATION_WARP = CONSUMER_WARPS + 1;
   static constexpr int THREADS = 32 * CONSUMER_WARPS + 128;
   // Registers: every thread starts with LAUNCH_REGISTERS (the register file over the threads, in
-  // the hardware's steps of 8); the producers give theirs back down to PRODUCER_REGISTERS and the
-  // consumers take what that frees. Three consumer warpgroups: 32 and 160 of 128; four: 24 and 120
-  // of 96.
+  // the hardware's steps of 8). setmaxnreg moves registers only within the CTA's own pool (PTX ISA,
+  // "setmaxnreg": .inc blocks until the CTA's pool can supply them): the consumers can take only
+  // what the producers give back, never the part of the register file the launch left unallocated
+  // (with four consumer warpgroups 640 x 96 = 61440 of 65536; asking for 120 hung every launch,
+  // docs/performance.md, thirteenth session). Three consumer warpgroups: 32 and 160 of 128; four:
+  // 24 and 112 of 96.
   static constexpr int LAUNCH_REGISTERS = 65536 / THREADS / 8 * 8;
   static constexpr int PRODUCER_REGISTERS = CONSUMER_GROUPS == 3 ? 32 : 24;
-  static constexpr int CONSUMER_REGISTERS = (65536 - 128 * PRODUCER_REGISTERS) / (32 * CONSUMER_WARPS) / 8 * 8;
+  static constexpr int CTA_REGISTERS = THREADS * LAUNCH_REGISTERS;
+  static constexpr int CONSUMER_REGISTERS = (CTA_REGISTERS - 128 * PRODUCER_REGISTERS) / (32 * CONSUMER_WARPS) / 8 * 8;
   // Shared memory, from a 1024-byte aligned base: [B slots][A slots][epilogue stages][barriers].
   static constexpr int A_OFFSET = B_STAGES * B_STAGE_BYTES;
   static constexpr int STAGE_OFFSET = A_OFFSET + A_STAGES * A_STAGE_BYTES;
@@ -136,8 +140,8 @@ struct prefill_tile {
   static_assert(NMAX % N_STEP == 0 && NMAX <= 176, "per-tile wgmma widths: multiples of 16 up to 176 (mma.cuh)");
   static_assert(CONSUMER_GROUPS == 3 || CONSUMER_GROUPS == 4, "named barriers 1..3 stagger the consumer warpgroups");
   static_assert(PRODUCER_REGISTERS <= LAUNCH_REGISTERS && LAUNCH_REGISTERS <= CONSUMER_REGISTERS &&
-                    128 * PRODUCER_REGISTERS + 32 * CONSUMER_WARPS * CONSUMER_REGISTERS <= 65536,
-                "the register split fits the register file of one CTA per SM");
+                    128 * PRODUCER_REGISTERS + 32 * CONSUMER_WARPS * CONSUMER_REGISTERS <= CTA_REGISTERS,
+                "setmaxnreg.inc takes only registers the producers gave back to the CTA's pool");
   static_assert(B_STAGE_BYTES % 1024 == 0,
                 "B slots stay 1024-byte aligned: the swizzle is a function of address bits 4..9");
   static_assert(A_STAGE_BYTES % 128 == 0, "TMA destinations are 128-byte aligned");
@@ -145,12 +149,14 @@ struct prefill_tile {
 };
 
 // The two instantiations (one per translation unit); rings sized to fill the 227 KB.
-// Narrow, 8..48 pairs per expert (weight streaming): four consumer warpgroups (256 rows, 120
+// Narrow, 8..48 pairs per expert (weight streaming): four consumer warpgroups (256 rows, 112
 // registers), because with three the consumers' issue stream, not the tensor cores or the
 // memory, set the pace (no warp eligible in half the cycles, docs/performance.md); one K-step of
 // stagger, so the lagging warpgroups hold few weight slots of the five.
 using prefill_narrow_tile = prefill_tile<64, 5, 5, 4, 1>;
-using prefill_mid_tile = prefill_tile<112, 4, 5, 4, 1>;  // 49..80 pairs per expert, the same warps (117 registers)
+// Mid, 49..72 pairs per expert: the same warps; 96 pairs, because a 112-wide accumulator does not
+// fit 112 registers without serializing the wgmmas (ptxas C7512).
+using prefill_mid_tile = prefill_tile<96, 4, 5, 4, 1>;
 using prefill_wide_tile = prefill_tile<176, 4, 5, 3, 2>;  // more: tensor-core bound (176: 156 of 160 registers, no spills)
 
 // The kernel's tensor maps (prefill_launch.cu encodes them for every launch).

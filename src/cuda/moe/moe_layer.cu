@@ -64,11 +64,11 @@ gemm_config pick_config(int64_t tokens, int top_k, int64_t experts, moe_path pat
     return per_expert <= 16 ? gemm_config::legacy_decode : per_expert <= 64 ? gemm_config::mid : gemm_config::large;
   if (path != moe_path::prefill && pairs <= sm90::kPlanMaxPairs && per_expert <= 20) return gemm_config::decode;
   if (path == moe_path::tiles) return per_expert <= 64 ? gemm_config::mid : gemm_config::large;
-  // The prefill GEMMs: narrow tiles (64 pairs) where experts get few pairs, mid tiles (112) up to
-  // 80 (an expert seldom gets more than 112 then, which would cost a second pass over its weights),
+  // The prefill GEMMs: narrow tiles (64 pairs) where experts get few pairs, mid tiles (96) up to
+  // 72 (an expert seldom gets more than 96 then, which would cost a second pass over its weights),
   // wide tiles (176, three consumer warpgroups: tensor-core bound) above.
   if (per_expert <= 48) return gemm_config::prefill_narrow;
-  return per_expert <= 80 ? gemm_config::prefill_mid : gemm_config::prefill_wide;
+  return per_expert <= 72 ? gemm_config::prefill_mid : gemm_config::prefill_wide;
 }
 
 // Tokens per tile of the decode GEMM. A tile never holds more than T pairs (a token picks an
