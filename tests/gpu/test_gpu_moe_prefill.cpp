@@ -1,16 +1,19 @@
 // GPU tests of the prefill GEMMs (docs/moe_layer.md): the persistent warp-specialized GEMMs of
 // src/cuda/moe/gemm_prefill.cuh, which moe_layer.cu's pick_config runs beyond the decode GEMM
 // (more than 20 pairs per expert or more than 8,192 pairs): narrow (tiles of <= 64 pairs) up to 48
-// pairs per expert on average, wide (tiles of <= 176) above. Every test here builds its layers
+// pairs per expert on average, mid (<= 96) up to 72, wide (<= 176) above. Every test here builds its layers
 // with MXMOE_MOE_PATH=default (scoped_moe_path: whatever the caller's environment says) and
 // checks, from a captured forward, that the gather and both prefill GEMMs are what runs. Against
 // the CPU reference, with the tolerances of docs/moe_layer.md; every case runs twice on
 // 0xFF-filled buffers and must match bitwise.
 //
 // Shapes come from the kernel's tiles: blocks of 192 weight rows, three consumer warpgroups of 64
-// (2880 and 5760 = 15 and 30 whole blocks; 544 = 34 row tiles and 352 = 22: the last block has a
-// warpgroup with two valid warps and one with none; 1088 = 68 and 448 = 28: last blocks of 8 and
-// 4 row tiles, one and two idle warpgroups), K-steps of 64 and weight stages of four (2880 = 45
+// (wide), or 256 rows and four warpgroups (narrow, mid). Wide: 2880 and 5760 = 15 and 30 whole
+// blocks; 544 = 34 row tiles and 352 = 22: the last block has a warpgroup with two valid warps and
+// one with none; 1088 = 68 and 448 = 28: last blocks of 8 and 4 row tiles, one and two idle
+// warpgroups. Narrow and mid: 2880 = 180 row tiles and 5760 = 360: last blocks of 4 and 8 (three
+// and two idle warpgroups); 544 and 352: last blocks of 2 and 6 (a warpgroup with two valid
+// warps); 448 = 28: a last block of 12 (one idle). K-steps of 64 and weight stages of four (2880 = 45
 // K-steps: the last stage has one; 544 = 8.5: the K tail is zero-filled), per-tile wgmma widths of 16..176 (counts that
 // are no multiple of 16, experts with 1 pair next to experts with thousands), K long enough
 // that both rings wrap inside one work item, and both routing paths (the one-CTA plan up to 8,192
@@ -74,7 +77,7 @@ TEST_P(GpuMoePrefill, MatchesReference) {
   expect_shape_matches(GetParam(), prefill_config_of(GetParam()), rng);
 }
 
-// "wide"/"narrow": the instantiation the average pairs per expert selects (T * k / E).
+// "wide"/"mid"/"narrow": the instantiation the average pairs per expert selects (T * k / E).
 INSTANTIATE_TEST_SUITE_P(
     Shapes, GpuMoePrefill,
     testing::Values(
@@ -84,6 +87,9 @@ INSTANTIATE_TEST_SUITE_P(
                    activation_kind::swiglu_clamped, layout::gate_up_order::interleaved, true, {512}},
         shape_case{"gpt_oss_2880_narrow", 16, 2880, 2880, 1, routing_kind::topk_softmax,
                    activation_kind::swiglu_clamped, layout::gate_up_order::interleaved, true, {520}},
+        // 64 pairs per expert: mid tiles of up to 96.
+        shape_case{"gpt_oss_2880_mid", 16, 2880, 2880, 4, routing_kind::topk_softmax,
+                   activation_kind::swiglu_clamped, layout::gate_up_order::interleaved, true, {256}},
         // Qwen3-30B-A3B's H = 2048, I = 768: 256 and 32 pairs per expert.
         shape_case{"qwen3_like_wide", 32, 2048, 768, 8, routing_kind::softmax_topk, activation_kind::silu_mul,
                    layout::gate_up_order::concatenated, false, {1024}},
@@ -98,10 +104,12 @@ INSTANTIATE_TEST_SUITE_P(
                    layout::gate_up_order::concatenated, false, {512, 4500}},
         shape_case{"odd_544_narrow", 64, 544, 544, 2, routing_kind::softmax_topk, activation_kind::swiglu_clamped,
                    layout::gate_up_order::interleaved, true, {777}},
+        shape_case{"odd_544_mid", 8, 544, 544, 2, routing_kind::softmax_topk, activation_kind::silu_mul,
+                   layout::gate_up_order::concatenated, false, {261}},
         // H = 352 (10 row tiles in the last block), 2I = 448 (a last block of 4: two idle warpgroups).
         shape_case{"partial_row_blocks_narrow", 64, 352, 224, 4, routing_kind::topk_softmax,
                    activation_kind::swiglu_clamped, layout::gate_up_order::interleaved, true, {600}},
-        // Few tokens, many pairs per expert (65 and 255: where the default runs the large tile).
+        // Few tokens, many pairs per expert (65: mid; 255: wide).
         shape_case{"few_experts_short_batch", 4, 352, 224, 2, routing_kind::softmax_topk, activation_kind::silu_mul,
                    layout::gate_up_order::concatenated, true, {130, 511}},
         // 8,800 pairs (the four-step routing) of 17 per expert: narrow tiles where the default runs
@@ -136,16 +144,30 @@ TEST(GpuMoePrefillRouting, UnevenExpertsWide) {
                              T, ids, "uneven experts, wide", 31);
 }
 
+// Top-1 ids of T tokens: expert j < counts.size() gets counts[j] of them (in that order), the rest
+// go one by one, round robin, to the experts after those.
+std::vector<int32_t> uneven_top1_ids(int64_t T, const std::vector<int>& counts, int experts) {
+  std::vector<int32_t> ids;
+  for (size_t j = 0; j < counts.size(); ++j) ids.insert(ids.end(), static_cast<size_t>(counts[j]), static_cast<int32_t>(j));
+  const int first = static_cast<int>(counts.size()), rest = experts - first;
+  for (int64_t t = static_cast<int64_t>(ids.size()); t < T; ++t) ids.push_back(static_cast<int32_t>(first + t % rest));
+  return ids;
+}
+
 // The same for the narrow tiles (64 pairs): experts with 1, 64, 65 and 200 pairs, the rest
 // scattered one by one over the other 12 experts (600 pairs / 16 experts: narrow).
 TEST(GpuMoePrefillRouting, UnevenExpertsNarrow) {
-  const int64_t T = 600;
-  std::vector<int32_t> ids(static_cast<size_t>(T));
-  for (int64_t t = 0; t < T; ++t)
-    ids[t] = t < 1 ? 0 : t < 65 ? 1 : t < 130 ? 2 : t < 330 ? 3 : static_cast<int32_t>(4 + t % 12);
   expect_precomputed_matches(make_cfg(16, 320, 96, 1, routing_kind::softmax_topk, activation_kind::swiglu_clamped,
                                       layout::gate_up_order::concatenated),
-                             T, ids, "uneven experts, narrow", 37);
+                             600, uneven_top1_ids(600, {1, 64, 65, 200}, 16), "uneven experts, narrow", 37);
+}
+
+// The same for the mid tiles (96 pairs): experts with 1, 96, 97 and 250 pairs, the rest spread
+// over the other 6 experts (700 pairs / 10 experts: mid).
+TEST(GpuMoePrefillRouting, UnevenExpertsMid) {
+  expect_precomputed_matches(make_cfg(10, 352, 160, 1, routing_kind::softmax_topk, activation_kind::silu_mul,
+                                      layout::gate_up_order::concatenated),
+                             700, uneven_top1_ids(700, {1, 96, 97, 250}, 10), "uneven experts, mid", 39);
 }
 
 // The tensor maps are encoded at capture and travel as kernel parameters: replays with new
@@ -166,7 +188,7 @@ TEST(GpuMoePrefillGraph, CapturedForwardReplaysWithNewInputs) {
 }
 
 // Small cases for compute-sanitizer (memcheck, racecheck): H = 2368 is 37 K-steps, so GEMM1's
-// weight ring (6 or 9 stages of four K-steps) and activation ring wrap inside one work item;
+// weight ring (4 or 5 stages of four K-steps) and activation ring wrap inside one work item;
 // I = 96 is 1.5 K-steps (a zero-filled K tail; one weight stage, half of it past K); 2I = 192 and H end in
 // half-empty row blocks. Enough work items that CTAs run several.
 void expect_small_case_matches(const moe_config& cfg, int64_t T, bool biases, const char* what, unsigned seed) {
@@ -182,6 +204,12 @@ TEST(GpuMoePrefillSanitize, Wide) {  // 130 pairs per expert
   expect_small_case_matches(make_cfg(8, 2368, 96, 2, routing_kind::softmax_topk, activation_kind::swiglu_clamped,
                                      layout::gate_up_order::interleaved),
                             520, true, "sanitize wide", 43);
+}
+
+TEST(GpuMoePrefillSanitize, Mid) {  // 64 pairs per expert
+  expect_small_case_matches(make_cfg(8, 2368, 96, 2, routing_kind::softmax_topk, activation_kind::silu_mul,
+                                     layout::gate_up_order::concatenated),
+                            256, true, "sanitize mid", 45);
 }
 
 TEST(GpuMoePrefillSanitize, Narrow) {  // 32 pairs per expert

@@ -11,6 +11,7 @@ int gemm_tokens_per_tile(gemm_config c) {
     case gemm_config::large: return 128;
     case gemm_config::legacy_decode: return 16;
     case gemm_config::prefill_narrow:
+    case gemm_config::prefill_mid:
     case gemm_config::prefill_wide: return prefill_tokens_per_tile(c);
   }
   return 0;
@@ -31,6 +32,7 @@ void launch_gemm(const gemm_launch& l, const gemm_weights& w, const uint16_t* b_
     case gemm_config::mid: launch_gemm_mid(l, w, b_rows, ws, top_k, ep, act, stream); break;
     case gemm_config::large: launch_gemm_large(l, w, b_rows, ws, top_k, ep, act, stream); break;
     case gemm_config::prefill_narrow:
+    case gemm_config::prefill_mid:
     case gemm_config::prefill_wide: launch_gemm_prefill(l, w, b_rows, ws, ep, act, stream); break;
   }
   MXMOE_CUDA_CHECK(cudaGetLastError());

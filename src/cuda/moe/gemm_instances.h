@@ -22,7 +22,7 @@ MXMOE_GEMM_INSTANCE(large)
 
 int decode_tokens_per_tile_max();
 
-// The prefill GEMMs (l.config prefill_narrow or prefill_wide): tokens per tile and the launch
+// The prefill GEMMs (l.config prefill_narrow, prefill_mid or prefill_wide): tokens per tile and the launch
 // (prepare_prefill_kernels in kernels.h).
 int prefill_tokens_per_tile(gemm_config c);
 void launch_gemm_prefill(const gemm_launch& l, const gemm_weights& w, const uint16_t* b_rows, const moe_workspace& ws,

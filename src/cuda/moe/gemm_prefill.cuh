@@ -2,21 +2,22 @@
 // prefill and the 512–2048-token transition (both GEMMs), sm_90a.
 //
 // C[rows, tokens] = W_e[rows, K] · B[tokens, K]ᵀ per work item (prefill_schedule.cuh): one
-// scheduled tile of expert e (count <= NMAX expert-sorted pairs) times 192 weight rows. B rows
+// scheduled tile of expert e (count <= NMAX expert-sorted pairs) times 64·G weight rows (G = 3
+// consumer warpgroups in the wide tile, 4 in the narrow one). B rows
 // are contiguous in sorted order (GEMM1: x gathered by gather_rows.cu; GEMM2: act), so the
 // tensor-memory-access engine (TMA) loads them.
 //
-// One CTA per SM, 16 warps (four warpgroups), no CTA-wide barrier after set-up:
-//   warpgroup 3, the producers (setmaxnreg down to 32 registers; warps 14 and 15 leave):
-//     warp 12, one lane — weights: per stage 4 K-steps (256 k) of the block's 12 fragment row
+// One CTA per SM, 4G + 4 warps (G + 1 warpgroups), no CTA-wide barrier after set-up:
+//   warpgroup G, the producers (setmaxnreg down to 32 or 24 registers; its last two warps leave):
+//     warp 4G, one lane — weights: per stage 4 K-steps (256 k) of the block's 4G fragment row
 //       tiles (layout::sm90_fragment, [N/16][K/64] tiles of 512 code + 32 scale bytes), two TMA
 //       loads (codes, scales) through 3-D tensor maps over [experts x row tiles][K/64][tile], into
 //       a ring of A_STAGES slots;
-//     warp 13, one lane — activations: per K-step one TMA box of 16·ceil(count/16) rows x 64 k
+//     warp 4G + 1, one lane — activations: per K-step one TMA box of 16·ceil(count/16) rows x 64 k
 //       (one tensor map per width), 128-byte swizzled (chunk c of row r at c ^ (r % 8): what the
 //       wgmma descriptor reads), into a ring of B_STAGES slots; rows past the tensor and the K
 //       tail arrive as zeros;
-//   warpgroups 0-2, the consumers (setmaxnreg up to 160 registers), 64 weight rows each (warp q
+//   warpgroups 0..G-1, the consumers (setmaxnreg up to 160 or 112 registers), 64 weight rows each (warp q
 //     of warpgroup h owns row tile 4h + q). Per K-step a warp turns its 16-byte fragment share and
 //     4 scale bytes into bf16 A registers (dequant.cuh) and its warpgroup issues four wgmma
 //     m64nNk16 with A from registers. The A registers are double-buffered: the conversion for
@@ -39,9 +40,9 @@
 // and stores 16-byte vectors: 8x fewer store instructions than 2-byte stores straight from the
 // accumulators (with the stagger below and bf16x2 packing by cvt: 0.89-0.99 of the layer time at
 // T >= 2048 on three shapes, docs/performance.md, "2026-12-05 (eleventh session)").
-// The consumer warpgroups start 2 K-steps apart (STAGGER, a named barrier once per CTA) and keep
+// The consumer warpgroups start STAGGER K-steps apart (a named barrier once per CTA) and keep
 // that distance through the rings, so one warpgroup's first conversion and epilogue overlap the
-// others' wgmmas instead of all three idling the tensor cores at once.
+// others' wgmmas instead of all of them idling the tensor cores at once.
 //
 // Limits (launchers check): K a multiple of 32, rows a multiple of 16 (layout::sm90_fragment),
 // B rows and weights 16-byte aligned, at least one B row; tiles as routing.cu's schedule writes
@@ -88,25 +89,26 @@ namespace mxmoe::cuda::sm90 {
 // K-step of bf16, a 128-byte swizzle row.
 inline constexpr int kPrefillBoxCols = 64;
 
-template <int NMAX_, int A_STAGES_, int B_STAGES_>
+template <int NMAX_, int A_STAGES_, int B_STAGES_, int CONSUMER_GROUPS_, int STAGGER_>
 struct prefill_tile {
-  static constexpr int CONSUMER_GROUPS = 3;             // warpgroups of 64 weight rows
+  static constexpr int CONSUMER_GROUPS = CONSUMER_GROUPS_;  // warpgroups of 64 weight rows
   static constexpr int CONSUMER_WARPS = 4 * CONSUMER_GROUPS;
-  static constexpr int ROW_TILES = CONSUMER_WARPS;      // 16-row fragment tiles per CTA: 192 weight rows
+  static constexpr int ROW_TILES = CONSUMER_WARPS;      // 16-row fragment tiles per CTA
   static constexpr int NMAX = NMAX_;   // pairs per scheduled tile
   static constexpr int N_STEP = 16;    // granularity of the per-tile wgmma N
   // A main loop of its own for full-width tiles (one wgmma instruction, no width branch): for the
   // 176-wide tile ptxas serialized every wgmma of that loop (C7512, "insufficient register
   // resources"; found 2026-12-05 after an H100 run where this kernel lost 4-14 % at T = 16384),
-  // so only narrower tiles have it.
-  static constexpr bool FULL_WIDTH_LOOP = NMAX_ <= 64;
+  // so only narrower tiles have it; and with four consumer warpgroups (112 registers) ptxas
+  // serializes the wgmmas of a kernel holding both loops, so only three have it.
+  static constexpr bool FULL_WIDTH_LOOP = NMAX_ <= 64 && CONSUMER_GROUPS_ == 3;
   static constexpr int WIDTHS = NMAX / N_STEP;
   static constexpr int A_STAGES = A_STAGES_, B_STAGES = B_STAGES_;
   static constexpr int A_KSTEPS = 4;  // K-steps per weight stage
-  // Consumer warpgroup h starts h * STAGGER K-steps behind warpgroup 0, so that the three do not
+  // Consumer warpgroup h starts h * STAGGER K-steps behind warpgroup 0, so that they do not
   // reach an item's first conversion and its epilogue at the same time. The B ring bounds how far
   // warpgroup 0 may run ahead: STAGGER * (CONSUMER_GROUPS - 1) K-steps must leave it a slot.
-  static constexpr int STAGGER = 2;
+  static constexpr int STAGGER = STAGGER_;
   static constexpr int TILE_CODES = layout::sm90_fragment::kTileBytes;
   static constexpr int TILE_SCALES = layout::sm90_fragment::kTileScaleBytes;
   // Weight stage: codes [ROW_TILES][A_KSTEPS][512], then scales [ROW_TILES][A_KSTEPS][32] (the
@@ -118,9 +120,17 @@ struct prefill_tile {
   // The producer warpgroup follows the consumers: warp 0 of it loads weights, warp 1 activations.
   static constexpr int WEIGHT_WARP = CONSUMER_WARPS, ACTIVATION_WARP = CONSUMER_WARPS + 1;
   static constexpr int THREADS = 32 * CONSUMER_WARPS + 128;
-  // 512 threads start with 128 registers each (the whole register file); the producers give 96
-  // of theirs back, the consumers take 32 more: 128 x 32 + 384 x 160 = 65536.
-  static constexpr int PRODUCER_REGISTERS = 32, CONSUMER_REGISTERS = 160;
+  // Registers: every thread starts with LAUNCH_REGISTERS (the register file over the threads, in
+  // the hardware's steps of 8). setmaxnreg moves registers only within the CTA's own pool (PTX ISA,
+  // "setmaxnreg": .inc blocks until the CTA's pool can supply them): the consumers can take only
+  // what the producers give back, never the part of the register file the launch left unallocated
+  // (with four consumer warpgroups 640 x 96 = 61440 of 65536; asking for 120 hung every launch,
+  // docs/performance.md, thirteenth session). Three consumer warpgroups: 32 and 160 of 128; four:
+  // 24 and 112 of 96.
+  static constexpr int LAUNCH_REGISTERS = 65536 / THREADS / 8 * 8;
+  static constexpr int PRODUCER_REGISTERS = CONSUMER_GROUPS == 3 ? 32 : 24;
+  static constexpr int CTA_REGISTERS = THREADS * LAUNCH_REGISTERS;
+  static constexpr int CONSUMER_REGISTERS = (CTA_REGISTERS - 128 * PRODUCER_REGISTERS) / (32 * CONSUMER_WARPS) / 8 * 8;
   // Shared memory, from a 1024-byte aligned base: [B slots][A slots][epilogue stages][barriers].
   static constexpr int A_OFFSET = B_STAGES * B_STAGE_BYTES;
   static constexpr int STAGE_OFFSET = A_OFFSET + A_STAGES * A_STAGE_BYTES;
@@ -128,8 +138,10 @@ struct prefill_tile {
   static constexpr int SMEM_BYTES = 1024 + BAR_OFFSET + 2 * (A_STAGES + B_STAGES) * 8;
   static_assert(STAGGER * (CONSUMER_GROUPS - 1) < B_STAGES, "warpgroup 0 must not wait for a slot the others hold");
   static_assert(NMAX % N_STEP == 0 && NMAX <= 176, "per-tile wgmma widths: multiples of 16 up to 176 (mma.cuh)");
-  static_assert(THREADS == 512 && 128 * PRODUCER_REGISTERS + 384 * CONSUMER_REGISTERS == 65536,
-                "the register split fills the register file of one CTA per SM");
+  static_assert(CONSUMER_GROUPS == 3 || CONSUMER_GROUPS == 4, "named barriers 1..3 stagger the consumer warpgroups");
+  static_assert(PRODUCER_REGISTERS <= LAUNCH_REGISTERS && LAUNCH_REGISTERS <= CONSUMER_REGISTERS &&
+                    128 * PRODUCER_REGISTERS + 32 * CONSUMER_WARPS * CONSUMER_REGISTERS <= CTA_REGISTERS,
+                "setmaxnreg.inc takes only registers the producers gave back to the CTA's pool");
   static_assert(B_STAGE_BYTES % 1024 == 0,
                 "B slots stay 1024-byte aligned: the swizzle is a function of address bits 4..9");
   static_assert(A_STAGE_BYTES % 128 == 0, "TMA destinations are 128-byte aligned");
@@ -137,8 +149,15 @@ struct prefill_tile {
 };
 
 // The two instantiations (one per translation unit); rings sized to fill the 227 KB.
-using prefill_narrow_tile = prefill_tile<64, 7, 5>;  // 8..48 pairs per expert: weight streaming
-using prefill_wide_tile = prefill_tile<176, 4, 5>;   // more: tensor-core bound (176: 156 of 160 registers, no spills)
+// Narrow, 8..48 pairs per expert (weight streaming): four consumer warpgroups (256 rows, 112
+// registers), because with three the consumers' issue stream, not the tensor cores or the
+// memory, set the pace (no warp eligible in half the cycles, docs/performance.md); one K-step of
+// stagger, so the lagging warpgroups hold few weight slots of the five.
+using prefill_narrow_tile = prefill_tile<64, 5, 5, 4, 1>;
+// Mid, 49..72 pairs per expert: the same warps; 96 pairs, because a 112-wide accumulator does not
+// fit 112 registers without serializing the wgmmas (ptxas C7512).
+using prefill_mid_tile = prefill_tile<96, 4, 5, 4, 1>;
+using prefill_wide_tile = prefill_tile<176, 4, 5, 3, 2>;  // more: tensor-core bound (176: 156 of 160 registers, no spills)
 
 // The kernel's tensor maps (prefill_launch.cu encodes them for every launch).
 template <int WIDTHS>
@@ -149,10 +168,13 @@ struct prefill_maps {
 };
 
 cudaError_t allow_prefill_smem_narrow();
+cudaError_t allow_prefill_smem_mid();
 cudaError_t allow_prefill_smem_wide();
 void launch_gemm_prefill_narrow(const gemm_launch&, const gemm_weights&,
                                 const prefill_maps<prefill_narrow_tile::WIDTHS>&, const moe_workspace&, epilogue_kind,
                                 const activation_config&, int sms, cudaStream_t);
+void launch_gemm_prefill_mid(const gemm_launch&, const gemm_weights&, const prefill_maps<prefill_mid_tile::WIDTHS>&,
+                             const moe_workspace&, epilogue_kind, const activation_config&, int sms, cudaStream_t);
 void launch_gemm_prefill_wide(const gemm_launch&, const gemm_weights&, const prefill_maps<prefill_wide_tile::WIDTHS>&,
                               const moe_workspace&, epilogue_kind, const activation_config&, int sms, cudaStream_t);
 
@@ -290,7 +312,7 @@ __device__ __forceinline__ const uint8_t* fragment_scales(const prefill_smem<Cfg
          ((threadIdx.x & 31) >> 2) * 4;
 }
 
-// Named barrier h (h = 1, 2): warpgroup 0's 128 threads arrive once they issued h * STAGGER
+// Named barrier h (h = 1 .. G-1): warpgroup 0's 128 threads arrive once they issued h * STAGGER
 // K-steps of their first item, warpgroup h's 128 wait for it before their first item. Nothing
 // re-synchronizes the warpgroups after that: they share the rings but wait only for the loaders.
 constexpr uint32_t kStaggerThreads = 256;

@@ -69,11 +69,11 @@ enum class epilogue_kind : int { gate_up_activation, weighted_down };
 //   mid, large: gemm.cuh (wgmma, 64 / 128 tokens); MXMOE_MOE_PATH=tiles and legacy only.
 //   legacy_decode: gemm.cuh's mma.sync tile of 16 tokens (the decode path before gemm_decode.cuh;
 //           kept selectable, see docs/moe_layer.md).
-//   prefill_narrow, prefill_wide: gemm_prefill.cuh (persistent, warp-specialized, TMA rings,
-//           wgmma N per tile; up to 64 / 176 tokens), the default beyond the decode GEMM
+//   prefill_narrow, prefill_mid, prefill_wide: gemm_prefill.cuh (persistent, warp-specialized,
+//           TMA rings, wgmma N per tile; up to 64 / 96 / 176 tokens), the default beyond the decode GEMM
 //           (docs/moe_layer.md). Their B rows are contiguous in sorted
 //           order (row s = sorted position s): GEMM1 reads x gathered by launch_gather_sorted_rows.
-enum class gemm_config : int { decode, mid, large, legacy_decode, prefill_narrow, prefill_wide };
+enum class gemm_config : int { decode, mid, large, legacy_decode, prefill_narrow, prefill_mid, prefill_wide };
 int gemm_tokens_per_tile(gemm_config c);  // BN (for decode: the largest, 32)
 
 // How one GEMM launch runs.

@@ -64,8 +64,11 @@ gemm_config pick_config(int64_t tokens, int top_k, int64_t experts, moe_path pat
     return per_expert <= 16 ? gemm_config::legacy_decode : per_expert <= 64 ? gemm_config::mid : gemm_config::large;
   if (path != moe_path::prefill && pairs <= sm90::kPlanMaxPairs && per_expert <= 20) return gemm_config::decode;
   if (path == moe_path::tiles) return per_expert <= 64 ? gemm_config::mid : gemm_config::large;
-  // The prefill GEMMs' narrow tiles (64 pairs, deep weight ring) where experts get few pairs.
-  return per_expert <= 48 ? gemm_config::prefill_narrow : gemm_config::prefill_wide;
+  // The prefill GEMMs: narrow tiles (64 pairs) where experts get few pairs, mid tiles (96) up to
+  // 72 (an expert seldom gets more than 96 then, which would cost a second pass over its weights),
+  // wide tiles (176, three consumer warpgroups: tensor-core bound) above.
+  if (per_expert <= 48) return gemm_config::prefill_narrow;
+  return per_expert <= 72 ? gemm_config::prefill_mid : gemm_config::prefill_wide;
 }
 
 // Tokens per tile of the decode GEMM. A tile never holds more than T pairs (a token picks an
@@ -402,7 +405,8 @@ void moe_layer::forward(const tensor_view& x, const routing_input& routing, cons
   const bool legacy = m.path == moe_path::legacy;
   const gemm_config gc = pick_config(T, k, E, m.path);
   const bool decode = gc == gemm_config::decode;
-  const bool prefill = gc == gemm_config::prefill_narrow || gc == gemm_config::prefill_wide;
+  const bool prefill =
+      gc == gemm_config::prefill_narrow || gc == gemm_config::prefill_mid || gc == gemm_config::prefill_wide;
   const int bn = decode ? decode_tokens_per_tile(T, pairs_per_expert(T, k, E), c.routing.kind) : sm90::gemm_tokens_per_tile(gc);
   const int64_t tiles = max_tiles(pairs, E, bn);
   const int32_t* expert_map = static_cast<const int32_t*>(m.expert_map.data());

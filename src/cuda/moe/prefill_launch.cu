@@ -90,19 +90,23 @@ prefill_maps<Cfg::WIDTHS> make_prefill_maps(const gemm_weights& w, int64_t exper
 }  // namespace
 
 int prefill_tokens_per_tile(gemm_config c) {
-  return c == gemm_config::prefill_narrow ? prefill_narrow_tile::NMAX : prefill_wide_tile::NMAX;
+  switch (c) {
+    case gemm_config::prefill_narrow: return prefill_narrow_tile::NMAX;
+    case gemm_config::prefill_mid: return prefill_mid_tile::NMAX;
+    default: return prefill_wide_tile::NMAX;
+  }
 }
 
 // Also looks the encoder up here, outside any stream capture.
 void prepare_prefill_kernels() {
   tensor_map_encoder();
   MXMOE_CUDA_CHECK(allow_prefill_smem_narrow());
+  MXMOE_CUDA_CHECK(allow_prefill_smem_mid());
   MXMOE_CUDA_CHECK(allow_prefill_smem_wide());
 }
 
 void launch_gemm_prefill(const gemm_launch& l, const gemm_weights& w, const uint16_t* b_rows, const moe_workspace& ws,
                          epilogue_kind ep, const activation_config& act, cudaStream_t stream) {
-  const bool narrow = l.config == gemm_config::prefill_narrow;
   const int nmax = prefill_tokens_per_tile(l.config);
   const auto aligned = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
   MXMOE_CHECK_ARG(l.tokens_per_tile == nmax, "gemm_launch.tokens_per_tile",
@@ -117,9 +121,12 @@ void launch_gemm_prefill(const gemm_launch& l, const gemm_weights& w, const uint
   int device = 0, sms = 0;
   MXMOE_CUDA_CHECK(cudaGetDevice(&device));
   MXMOE_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
-  if (narrow)
+  if (l.config == gemm_config::prefill_narrow)
     launch_gemm_prefill_narrow(l, w, make_prefill_maps<prefill_narrow_tile>(w, l.experts, b_rows, l.b_row_count), ws,
                                ep, act, sms, stream);
+  else if (l.config == gemm_config::prefill_mid)
+    launch_gemm_prefill_mid(l, w, make_prefill_maps<prefill_mid_tile>(w, l.experts, b_rows, l.b_row_count), ws, ep,
+                            act, sms, stream);
   else
     launch_gemm_prefill_wide(l, w, make_prefill_maps<prefill_wide_tile>(w, l.experts, b_rows, l.b_row_count), ws, ep,
                              act, sms, stream);
