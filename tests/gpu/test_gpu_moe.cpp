@@ -46,7 +46,8 @@ TEST_P(GpuMoe, MatchesReferenceAtEveryTileResidue) {
 
 // K = H or I is 32 mod 64 in several cases (the last K-step half empty); 2I and H are not
 // multiples of the 128-row CTA; T crosses each tile shape (8, 16, 32 tokens per decode tile,
-// 64, 128) and each routing path (the one-CTA plan routing itself for T <= 16 and E <= 256,
+// 64, 128) and each routing path (the few-token plan for T <= 8 and T * k <= 32, the one-CTA
+// plan routing itself for T <= 16 and E <= 256,
 // route + plan up to 8192 pairs, the four-step path beyond). The decode_split_k cases have few
 // tiles and a long K, so that the decode GEMM splits K over 2 and 4 warp groups (unevenly: 33
 // fragment tiles) at T <= 16, in GEMM1 and in GEMM2 respectively; decode_split_k_16_tokens (4.5
@@ -158,6 +159,42 @@ TEST(GpuMoeRouting, RepeatedExpertWithinATokenAtFewTokens) {
   }
 }
 
+// The few-token plan (plan_few.cu: T <= 8 routed tokens, T * k <= 32 pairs, any E <= 512) at each
+// of its register widths (E <= 128, 256, 384, 512 logits per warp), f32 and bf16 logits, grouped
+// routing among them, up to its most pairs (T = 4 of k = 8) and one token more, where the one-CTA
+// plan (E <= 256) or the route kernel and the plan take over. The kernel names say which ran.
+TEST(GpuMoeRouting, FewTokenPlanEveryRegisterWidth) {
+  struct width_case {
+    int64_t E;
+    routing_kind kind;
+  };
+  std::mt19937 rng(29);
+  for (const width_case wc : {width_case{96, routing_kind::softmax_topk}, width_case{200, routing_kind::topk_softmax},
+                              width_case{384, routing_kind::sigmoid_grouped_topk},
+                              width_case{512, routing_kind::softmax_topk}}) {
+    moe_config cfg = make_cfg(wc.E, 64, 96, 8, wc.kind, activation_kind::silu_mul, layout::gate_up_order::concatenated);
+    if (wc.kind == routing_kind::sigmoid_grouped_topk) {
+      cfg.routing.n_group = 4;
+      cfg.routing.topk_group = 2;
+      cfg.routing.routed_scaling_factor = 2.827f;
+    }
+    const host_moe m = make_moe(cfg, true, rng);
+    const cuda::moe_layer layer(m.weights(), cfg);
+    for (int64_t T : {1, 2, 3, 4, 5}) {
+      const std::string what = "E=" + std::to_string(wc.E) + " T=" + std::to_string(T);
+      for (routing_mode mode : {routing_mode::logits_f32, routing_mode::logits_bf16}) {
+        const run_result r = run_case(m, T, mode, rng);
+        expect_close(r.out, r.ref, what + (mode == routing_mode::logits_bf16 ? " bf16 logits" : " f32 logits"));
+      }
+      std::vector<std::string> names;
+      forward_kernel_names(layer, T, &names);
+      EXPECT_EQ(count_containing(names, "plan_few_kernel"), T <= 4 ? 1 : 0) << what;
+      EXPECT_EQ(count_containing(names, "plan_kernel"), T <= 4 ? 0 : 1) << what;
+      EXPECT_EQ(count_containing(names, "route_kernel"), T <= 4 || wc.E <= 256 ? 0 : 1) << what;
+    }
+  }
+}
+
 TEST(GpuMoeRouting, GroupedRoutingEveryActivation) {
   std::mt19937 rng(5);
   for (activation_kind act : {activation_kind::silu_mul, activation_kind::swiglu_clamped}) {
@@ -256,8 +293,9 @@ TEST(GpuMoeGraph, CapturedForwardReplaysWithNewInputs) {
   const host_moe m = make_moe(cfg, true, rng);
   const moe_weights w = m.weights();
   const cuda::moe_layer layer(w, cfg);
-  // T = 1 and 8: the plan kernel routes, decode tiles of 8; T = 37: route + plan, tiles of 16.
-  expect_graph_replays(layer, w, {1, 8, 37}, rng);
+  // T = 1 and 8: the few-token plan, decode tiles of 8; T = 12: the one-CTA plan routes, tiles of
+  // 16; T = 37: route + plan, tiles of 16.
+  expect_graph_replays(layer, w, {1, 8, 12, 37}, rng);
 }
 
 // Forwards enqueued back to back on one stream with one workspace: each kernel is a programmatic

@@ -165,8 +165,9 @@ struct map_case {
   bool precomputed;
 };
 
-// Each routing path: T = 5 the plan routes itself, T = 40 route + plan, T = 3000 (k = 4: 12000
-// pairs) the four-step path; precomputed ids through the plan and the import kernel.
+// Each routing path: T = 5 the few-token plan (20 pairs), T = 12 the one-CTA plan routes itself,
+// T = 40 route + plan, T = 3000 (k = 4: 12000 pairs) the four-step path; precomputed ids through
+// the plan and the import kernel.
 TEST(GpuParallelMap, SubsetsSumToTheWholeLayer) {
   const moe_config cfg = make_cfg(16, 256, 96, 4, activation_kind::swiglu_clamped, layout::gate_up_order::interleaved);
   const synthetic::mxfp4_layer full = synthetic::make_layer(cfg, {.biases = true}, 41);
@@ -178,7 +179,8 @@ TEST(GpuParallelMap, SubsetsSumToTheWholeLayer) {
     held.push_back(select_experts(full.weights(), cfg, expert_map_of(owners, q)));
     ranks.push_back(prepare(held.back().weights(), cfg, device_kind::cuda, {expert_map_of(owners, q), {}}));
   }
-  for (const map_case& mc : {map_case{"plan routes", 5, false}, map_case{"route + plan", 40, false},
+  for (const map_case& mc : {map_case{"few-token plan", 5, false}, map_case{"plan routes", 12, false},
+                             map_case{"route + plan", 40, false},
                              map_case{"four-step route", 3000, false}, map_case{"plan precomputed", 5, true},
                              map_case{"four-step import", 3000, true}}) {
     const call_inputs c(cfg, full.weights(), mc.tokens, 42, mc.precomputed);

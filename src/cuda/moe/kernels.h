@@ -116,11 +116,15 @@ inline constexpr int kPlanThreads = 512;          // one per expert (E <= 512)
 inline constexpr int kPlanRouteMaxTokens = kPlanThreads / 32;  // the plan routes itself up to this T
 inline constexpr int kPlanRouteMaxExperts = 256;                // ... and this E
 inline constexpr size_t kPlanMaxSmemBytes = 160 * 1024;
+// The few-token plan (plan_few.cu): routed tokens only, one kernel of T warps.
+inline constexpr int kPlanFewMaxTokens = 8;
+inline constexpr int kPlanFewMaxPairs = 32;
 
 enum class plan_source : int {
   route_kernel,  // ids / weights in the workspace, from launch_route(count_pairs = false)
   precomputed,   // caller-provided ids / weights (range-checked, copied)
-  route,         // logits: the plan kernel routes (plan_can_route)
+  route,         // logits: the plan kernel routes (plan_can_route; the few-token plan where
+                 // plan_few_applies)
 };
 struct plan_args {
   plan_source source = plan_source::route_kernel;
@@ -134,9 +138,16 @@ struct plan_args {
   int tokens = 0, experts = 0, tokens_per_tile = 0;
   int64_t max_tiles = 0;
 };
-bool plan_can_route(int64_t tokens, int64_t experts);
+// Whether the plan routes T tokens itself (plan_source::route): the few-token plan
+// (plan_few_applies: T <= kPlanFewMaxTokens, T * k <= kPlanFewMaxPairs, T <= tokens_per_tile, any
+// E <= 512) or the one-CTA plan (T <= kPlanRouteMaxTokens, E <= kPlanRouteMaxExperts).
+bool plan_few_applies(int64_t tokens, int top_k, int tokens_per_tile);
+bool plan_can_route(int64_t tokens, int64_t experts, int top_k, int tokens_per_tile);
 void prepare_plan_kernel();
+// The plan of a forward: the few-token plan where it applies to a routed forward, else the one-CTA
+// plan.
 void launch_plan(const plan_args& a, const moe_workspace& ws, cudaStream_t stream);
+void launch_plan_few(const plan_args& a, const moe_workspace& ws, cudaStream_t stream);
 
 // Routing from logits (f32 or bf16 [T, E]); fills ids, weights (and with count_pairs counts, pos).
 // expert_map (null: none) turns the ids into local indices (routing.cu).

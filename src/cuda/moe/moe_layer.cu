@@ -423,7 +423,7 @@ void moe_layer::forward(const tensor_view& x, const routing_input& routing, cons
       a.source = sm90::plan_source::precomputed;
       a.ids = routing.ids.as<const int32_t>();
       a.weights = routing.weights.as<const float>();
-    } else if (sm90::plan_can_route(T, E)) {
+    } else if (sm90::plan_can_route(T, E, k, bn)) {
       a.source = sm90::plan_source::route;
       a.logits = routing.logits.data;
       a.logits_bf16 = routing.logits.type == dtype::bf16;
