@@ -45,17 +45,18 @@ TEST_P(GpuMoe, MatchesReferenceAtEveryTileResidue) {
 }
 
 // K = H or I is 32 mod 64 in several cases (the last K-step half empty); 2I and H are not
-// multiples of the 128-row CTA; T crosses each tile shape (8, 16, 32 tokens per decode tile,
-// 64, 128) and each routing path (the few-token plan for T <= 8 and T * k <= 32, the one-CTA
-// plan routing itself for T <= 16 and E <= 256,
-// route + plan up to 8192 pairs, the four-step path beyond). The decode_split_k cases have few
-// tiles and a long K, so that the decode GEMM splits K over 2 and 4 warp groups (unevenly: 33
-// fragment tiles) at T <= 16, in GEMM1 and in GEMM2 respectively; decode_split_k_16_tokens (4.5
-// to 20 pairs per expert) splits both GEMMs over 2 groups in 16-token tiles (T = 12, 17, 20; T = 9:
-// 8-token tiles, GEMM2 over 4 groups) and runs 32-token tiles, unsplit, at T = 40. The largest
-// decode sizes: max_experts_max_topk at T = 512 and largest_decode_tokens at T = 8192 (8192 pairs,
-// 16 per expert: the decode GEMM at the most tokens it takes; one more token
-// takes the four-step path).
+// multiples of the 128-row CTA; T crosses each tile shape (8, 16 tokens per decode tile, 64, 96,
+// 176) and each routing path (the few-token plan, the one-CTA plan routing itself for T <= 16 and
+// E <= 256, route + plan up to 8192 pairs, the four-step path beyond). The decode_split_k cases
+// have few tiles and a long K, so that the decode GEMM splits K over 2 and 4 warp groups
+// (unevenly: 33 fragment tiles) at T <= 16, in GEMM1 and in GEMM2 respectively;
+// decode_split_k_16_tokens (4.5 to 14 pairs per expert) splits both GEMMs over 2 groups in 16-token
+// tiles (T = 12, 17, 20, 26; T = 9: 8-token tiles, GEMM2 over 4 groups); T = 26 is the decode GEMM
+// at its most pairs per expert (13, softmax routing: moe_layer.cu, decode_max_pairs_per_expert),
+// T = 28 the prefill GEMMs at the fewest. The largest decode sizes: max_experts_max_topk at T = 416
+// (6656 pairs, 13 per expert) and largest_decode_tokens at T = 7167 (13 per expert by the
+// estimate); there T = 7168 and 8192 take the prefill GEMMs behind the one-CTA plan (8192 pairs:
+// the most it schedules) and T = 8193 the four-step path.
 INSTANTIATE_TEST_SUITE_P(
     Shapes, GpuMoe,
     testing::Values(
@@ -74,15 +75,15 @@ INSTANTIATE_TEST_SUITE_P(
         shape_case{"max_tokens", 8, 64, 32, 2, routing_kind::softmax_topk, activation_kind::silu_mul,
                    layout::gate_up_order::concatenated, false, {65536}},
         shape_case{"max_experts_max_topk", 512, 64, 32, 16, routing_kind::softmax_topk, activation_kind::silu_mul,
-                   layout::gate_up_order::concatenated, true, {1, 40, 512, 3000}},
+                   layout::gate_up_order::concatenated, true, {1, 40, 416, 512, 3000}},
         shape_case{"largest_decode_tokens", 512, 128, 64, 1, routing_kind::softmax_topk, activation_kind::silu_mul,
-                   layout::gate_up_order::interleaved, true, {8192, 8193}},
+                   layout::gate_up_order::interleaved, true, {7167, 7168, 8192, 8193}},
         shape_case{"decode_split_k_gemm1", 8, 2080, 96, 2, routing_kind::topk_softmax, activation_kind::swiglu_clamped,
                    layout::gate_up_order::interleaved, true, {1, 3, 8, 9, 16, 17, 40}},
         shape_case{"decode_split_k_gemm2", 8, 64, 2080, 1, routing_kind::softmax_topk, activation_kind::silu_mul,
                    layout::gate_up_order::concatenated, false, {1, 5, 12, 33}},
         shape_case{"decode_split_k_16_tokens", 4, 2080, 2080, 2, routing_kind::softmax_topk,
-                   activation_kind::silu_mul, layout::gate_up_order::interleaved, true, {9, 12, 17, 20, 40}}),
+                   activation_kind::silu_mul, layout::gate_up_order::interleaved, true, {9, 12, 17, 20, 26, 28}}),
     [](const testing::TestParamInfo<shape_case>& i) { return std::string(i.param.name); });
 
 // Scale bytes 0 and above 128 take the two-multiply dequantization (2^(s-1) is no normal bf16
@@ -130,9 +131,9 @@ TEST(GpuMoeRouting, AllTokensOnOneExpert) {
                                   layout::gate_up_order::interleaved);
   const host_moe m = make_moe(cfg, true, rng);
   // Decode tiles on one expert (the tile width follows the uniform estimate T / 8 pairs per
-  // expert): 33: 4 x 8 + 1; 40: 16 + 16 + 8; 65: 4 x 16 + 1; 73: 4 x 16 + 9; 137: 4 x 32 + 9;
-  // 160: 5 x 32.
-  for (int64_t T : {1, 33, 40, 65, 73, 137, 160, 700}) {
+  // expert): 33: 4 x 8 + 1; 40: 16 + 16 + 8; 65: 4 x 16 + 1; 73: 4 x 16 + 9; 105: 6 x 16 + 9
+  // (13 pairs per expert by the estimate: the decode GEMM's most). 112 and 700: the prefill GEMMs.
+  for (int64_t T : {1, 33, 40, 65, 73, 105, 112, 700}) {
     const std::vector<int32_t> ids(static_cast<size_t>(T), 3);
     const run_result r = run_case(m, T, routing_mode::precomputed, rng, cpu::precision::f64, &ids);
     expect_close(r.out, r.ref, "one expert T=" + std::to_string(T));

@@ -1,6 +1,6 @@
 // GPU tests of the prefill GEMMs (docs/moe_layer.md): the persistent warp-specialized GEMMs of
 // src/cuda/moe/gemm_prefill.cuh, which moe_layer.cu's pick_config runs beyond the decode GEMM
-// (more than 20 pairs per expert or more than 8,192 pairs): narrow (tiles of <= 64 pairs) up to 48
+// (more than 13 pairs per expert, 9 under grouped sigmoid routing, or more than 8,192 pairs): narrow (tiles of <= 64 pairs) up to 48
 // pairs per expert on average, mid (<= 96) up to 72, wide (<= 176) above. Every test here builds its layers
 // with MXMOE_MOE_PATH=default (scoped_moe_path: whatever the caller's environment says) and
 // checks, from a captured forward, that the gather and both prefill GEMMs are what runs. Against
@@ -255,6 +255,47 @@ TEST(GpuMoePrefillPath, DefaultRunsThePrefillKernelsAndTilesTheWgmmaTiles) {
       ADD_FAILURE() << "MXMOE_MOE_PATH=" << rejected << " accepted";
     } catch (const invalid_argument& e) {
       EXPECT_NE(std::string(e.what()).find("MXMOE_MOE_PATH"), std::string::npos) << e.what();
+    }
+  }
+}
+
+// Where the default hands over (moe_layer.cu, decode_max_pairs_per_expert; measured in
+// performance.md, 2026-12-06): the decode GEMM at 13 pairs per expert under softmax routing and
+// at 9 under grouped sigmoid routing (uniform estimate T * k / E), the prefill GEMMs one step
+// beyond; each against the reference.
+TEST(GpuMoePrefillPath, DecodeUpToItsMostPairsPerExpertThenPrefill) {
+  const scoped_moe_path path("default");
+  struct handover_case {
+    shape_case sc;
+    int64_t last_decode_tokens;
+  };
+  std::mt19937 rng(57);
+  for (const handover_case& hc :
+       {handover_case{shape_case{"handover_softmax", 8, 352, 224, 2, routing_kind::softmax_topk,
+                                 activation_kind::silu_mul, layout::gate_up_order::concatenated, false, {52, 56}},
+                      52},
+        handover_case{shape_case{"handover_grouped", 16, 544, 352, 8, routing_kind::sigmoid_grouped_topk,
+                                 activation_kind::silu_mul, layout::gate_up_order::interleaved, true, {18, 20}},
+                      18}}) {
+    moe_config cfg = prefill_config_of(hc.sc);
+    if (hc.sc.routing == routing_kind::sigmoid_grouped_topk) {
+      cfg.routing.n_group = 4;
+      cfg.routing.topk_group = 2;
+    }
+    const host_moe m = make_moe(cfg, hc.sc.biases, rng);
+    const cuda::moe_layer layer(m.weights(), cfg);
+    for (const int64_t T : hc.sc.tokens) {
+      const std::string what = std::string(hc.sc.name) + " T=" + std::to_string(T);
+      std::vector<std::string> names;
+      forward_kernel_names(layer, T, &names);
+      if (T <= hc.last_decode_tokens) {
+        EXPECT_EQ(count_containing(names, "moe_gemm_decode_kernel"), 2) << what;
+        EXPECT_EQ(count_containing(names, kPrefillGemm) + count_containing(names, kGather), 0) << what;
+      } else {
+        expect_prefill_kernels(names, what);
+      }
+      const run_result r = run_case(m, T, routing_mode::logits_f32, rng);
+      expect_close(r.out, r.ref, what);
     }
   }
 }

@@ -1,5 +1,5 @@
-// moe/gemm_decode.cu — the decode GEMM (gemm_decode.cuh) for 8, 16 and 32 tokens per tile: the
-// host picks the smallest that holds every tile (a tile has at most T pairs).
+// moe/gemm_decode.cu — the decode GEMM (gemm_decode.cuh) for 8 and 16 tokens per tile (the host's
+// choice: moe_layer.cu, decode_tokens_per_tile).
 #include <algorithm>
 #include <string>
 
@@ -75,9 +75,8 @@ void launch_gemm_decode(const gemm_launch& l, const gemm_weights& w, const uint1
   switch (l.tokens_per_tile) {
     case decode_8::BN: launch_decode<decode_8>(l, w, b_rows, ws, top_k, ep, act, stream); break;
     case decode_16::BN: launch_decode<decode_16>(l, w, b_rows, ws, top_k, ep, act, stream); break;
-    case decode_32::BN: launch_decode<decode_32>(l, w, b_rows, ws, top_k, ep, act, stream); break;
     default:
-      MXMOE_CHECK_ARG(false, "gemm_launch.tokens_per_tile", "8, 16 or 32 for the decode GEMM",
+      MXMOE_CHECK_ARG(false, "gemm_launch.tokens_per_tile", "8 or 16 for the decode GEMM",
                       std::to_string(l.tokens_per_tile));
   }
 }
@@ -88,11 +87,10 @@ cudaError_t allow_gemm_smem_decode() {
   if (e == cudaSuccess) e = cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device);
   if (e == cudaSuccess) e = allow_smem<decode_8>(optin);
   if (e == cudaSuccess) e = allow_smem<decode_16>(optin);
-  if (e == cudaSuccess) e = allow_smem<decode_32>(optin);
   return e;
 }
 
-int decode_tokens_per_tile_max() { return decode_32::BN; }
+int decode_tokens_per_tile_max() { return decode_16::BN; }
 
 int decode_ctas_per_sm(int tokens_per_tile, int k_groups, int ring_rows) {
   MXMOE_CHECK_ARG(ring_rows >= 1 && ring_rows <= tokens_per_tile, "ring_rows", "in [1, tokens_per_tile]", std::to_string(ring_rows));
@@ -112,9 +110,7 @@ int decode_ctas_per_sm(int tokens_per_tile, int k_groups, int ring_rows) {
     if (k_groups == 1) return ctas(decode_16{}, moe_gemm_decode_kernel<decode_16, 1, true>, 1);
     return ctas(decode_16{}, moe_gemm_decode_kernel<decode_16, 2, true>, 2);
   }
-  if (k_groups == 1 && tokens_per_tile == decode_32::BN)
-    return ctas(decode_32{}, moe_gemm_decode_kernel<decode_32, 1, true>, 1);
-  MXMOE_CHECK_ARG(false, "tokens_per_tile, k_groups", "a decode GEMM instantiation (8: 1, 2, 4; 16: 1, 2; 32: 1)",
+  MXMOE_CHECK_ARG(false, "tokens_per_tile, k_groups", "a decode GEMM instantiation (8: 1, 2, 4; 16: 1, 2)",
                   std::to_string(tokens_per_tile) + ", " + std::to_string(k_groups));
   return 0;
 }

@@ -61,7 +61,7 @@ struct decode_shape {
   static constexpr int kMaxGroups = 4 / NT;        // so that k_groups * BN <= 32
   // CTAs per SM the registers are bounded for. The 16-token CTA fits 3 per SM (77 registers,
   // 3 x 75 KB of shared memory) only when its tile rows live in the ring (kRowsInRing); the
-  // 8-token one fits 3 with 79 registers as it is; the 32-token one 2.
+  // 8-token one fits 3 with 79 registers under the bound for 2.
   static constexpr int kMinBlocks = NT == 2 ? 3 : 2;
   // The tile's row arrays (2 * BN ints) in the B part of the last ring slot, which no copy
   // writes before the main loop's first barrier, instead of after the ring: 128 bytes less, which
@@ -93,7 +93,6 @@ struct decode_shape {
 
 using decode_8 = decode_shape<1>;
 using decode_16 = decode_shape<2>;
-using decode_32 = decode_shape<4>;
 
 // KG: K groups (k_groups); kScalesInRange: gemm_weights::scales_in_range (the dequantization's
 // per-fragment test of the scale bytes left out).

@@ -64,7 +64,7 @@ enum class epilogue_kind : int { gate_up_activation, weighted_down };
 
 // Tile shapes the launcher can pick from.
 //   decode: gemm_decode.cuh (weights streamed by each warp through a cp.async ring, mma.sync;
-//           BN = 8, 16 or 32 tokens, K optionally split over the CTA's warps); needs the one-CTA
+//           BN = 8 or 16 tokens, K optionally split over the CTA's warps); needs the one-CTA
 //           plan (<= kPlanMaxPairs).
 //   mid, large: gemm.cuh (wgmma, 64 / 128 tokens); MXMOE_MOE_PATH=tiles and legacy only.
 //   legacy_decode: gemm.cuh's mma.sync tile of 16 tokens (the decode path before gemm_decode.cuh;
@@ -74,12 +74,12 @@ enum class epilogue_kind : int { gate_up_activation, weighted_down };
 //           (docs/moe_layer.md). Their B rows are contiguous in sorted
 //           order (row s = sorted position s): GEMM1 reads x gathered by launch_gather_sorted_rows.
 enum class gemm_config : int { decode, mid, large, legacy_decode, prefill_narrow, prefill_mid, prefill_wide };
-int gemm_tokens_per_tile(gemm_config c);  // BN (for decode: the largest, 32)
+int gemm_tokens_per_tile(gemm_config c);  // BN (for decode: the largest, 16)
 
 // How one GEMM launch runs.
 struct gemm_launch {
   gemm_config config = gemm_config::mid;
-  int tokens_per_tile = 64;    // BN the schedule used (decode: 8, 16 or 32)
+  int tokens_per_tile = 64;    // BN the schedule used (decode: 8 or 16)
   int64_t max_tiles = 0;       // grid bound on the scheduled tiles
   int k_groups = 1;            // decode: warps of a CTA splitting K (1, 2 or 4, <= 32 / BN)
   int ring_rows = 0;           // decode: B rows per fragment tile in shared memory: a power of 2

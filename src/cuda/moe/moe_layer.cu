@@ -23,7 +23,8 @@ constexpr size_t kAlign = 256;
 size_t align_up(size_t v) { return (v + kAlign - 1) / kAlign * kAlign; }
 
 // The launch sequence, from MXMOE_MOE_PATH (read once per layer, when it is constructed):
-//   unset or "default": pick_config's choice below: the decode GEMM up to 20 pairs per expert,
+//   unset or "default": pick_config's choice below: the decode GEMM up to 13 pairs per expert (9
+//     under grouped sigmoid routing),
 //     the persistent warp-specialized GEMMs of gemm_prefill.cuh above (x gathered into sorted
 //     order first);
 //   "tiles": gemm.cuh's wgmma tiles (mid, large) where the default runs the prefill GEMMs, as the
@@ -55,14 +56,28 @@ int64_t pairs_per_expert(int64_t tokens, int top_k, int64_t experts) {
   return pairs / std::max<int64_t>(1, std::min(experts, pairs));
 }
 
+// Grouped sigmoid routing (DeepSeek-V3, Kimi-K2): its correction bias concentrates the pairs on
+// fewer experts than the uniform estimate of pairs_per_expert, so the busiest experts get more.
+bool skewed_routing(routing_kind routing) { return routing == routing_kind::sigmoid_grouped_topk; }
+
+// The most pairs per expert (uniform estimate) the decode GEMM runs. Measured on an H100
+// (performance.md, 2026-12-06, fifteenth session: both paths forced at T = 64-640 on five model
+// shapes, two rounds), the prefill GEMMs' time over the decode GEMM's crosses 1 between 12 and 16
+// pairs per expert under softmax routing (gpt-oss-120b 1.10 at 12, 1.00 at 14, 0.92 at 16;
+// Qwen3-30B-A3B and gpt-oss-20b 1.07-1.10 at 12, 0.93-0.96 at 16) and between 8 and 10 under
+// grouped sigmoid routing (Kimi-K2 1.03 at 8, 1.00 at 9, 0.91 at 10; DeepSeek-V3 1.06 at 8, 0.99
+// at 10); both thresholds sit at the middle.
+int64_t decode_max_pairs_per_expert(routing_kind routing) { return skewed_routing(routing) ? 9 : 13; }
+
 // The tile shape of both GEMMs, from the pairs per touched expert. The one place that chooses; a
 // new kernel is hooked in here.
-gemm_config pick_config(int64_t tokens, int top_k, int64_t experts, moe_path path) {
+gemm_config pick_config(int64_t tokens, int top_k, int64_t experts, routing_kind routing, moe_path path) {
   const int64_t pairs = tokens * top_k;
   const int64_t per_expert = pairs_per_expert(tokens, top_k, experts);
   if (path == moe_path::legacy)
     return per_expert <= 16 ? gemm_config::legacy_decode : per_expert <= 64 ? gemm_config::mid : gemm_config::large;
-  if (path != moe_path::prefill && pairs <= sm90::kPlanMaxPairs && per_expert <= 20) return gemm_config::decode;
+  if (path != moe_path::prefill && pairs <= sm90::kPlanMaxPairs && per_expert <= decode_max_pairs_per_expert(routing))
+    return gemm_config::decode;
   if (path == moe_path::tiles) return per_expert <= 64 ? gemm_config::mid : gemm_config::large;
   // The prefill GEMMs: narrow tiles (64 pairs) where experts get few pairs, mid tiles (96) up to
   // 72 (an expert seldom gets more than 96 then, which would cost a second pass over its weights),
@@ -71,23 +86,17 @@ gemm_config pick_config(int64_t tokens, int top_k, int64_t experts, moe_path pat
   return per_expert <= 72 ? gemm_config::prefill_mid : gemm_config::prefill_wide;
 }
 
-// Tokens per tile of the decode GEMM. A tile never holds more than T pairs (a token picks an
-// expert once), so never more than the smallest of 8, 16, 32 that holds T. Below that bound the
-// narrower tiles up to 16 pairs per expert: 8- and 16-token CTAs fit 3 per SM (79 / 77 registers,
-// 65 / 75 KB of shared memory) against 2 of the 32-token one (93 registers, 102 KB), i.e. 1.5x the
-// weight bytes in flight, which is what the GEMMs wait for at these sizes. The 8-token tile up to 4
-// pairs per expert, except under grouped sigmoid routing: its correction bias concentrates the
-// pairs on fewer experts than the uniform estimate, and an expert with more pairs than the tile
-// gets several tiles, each converting its weights again. Measured on an H200 (performance.md,
-// 2026-12-02), against the 32-token tile at 2 CTAs per SM: 8 tokens 14-17 % faster at 1-4 pairs per
-// expert under softmax routing (gpt-oss-120b, Qwen3 T = 32-128), 35 % slower at 16 (gpt-oss-120b
-// T = 512); 16 tokens at 3 CTAs per SM 15 % faster at Qwen3 T = 128 (8 pairs), 1.5 % and 3 % at
-// gpt-oss-120b and Kimi-K2 T = 512 (16 and 10), 3-8 % faster than 8 tokens at Kimi-K2 and
-// DeepSeek-V3 T = 64-128.
+// Tokens per tile of the decode GEMM: 8 or 16, never more than the smaller that holds T (a token
+// picks an expert once, so a tile never holds more than T pairs). Below that bound 8 up to 4 pairs
+// per expert, except under grouped sigmoid routing (an expert with more pairs than the tile gets
+// several tiles, each converting its weights again). Both fit 3 CTAs per SM (79 / 77 registers,
+// 65 / 75 KB of shared memory). Measured on an H200 (performance.md, 2026-12-02): 8 tokens 14-17 %
+// faster than wider tiles at 1-4 pairs per expert under softmax routing (gpt-oss-120b, Qwen3 T =
+// 32-128); 16 tokens 3-8 % faster than 8 at Kimi-K2 and DeepSeek-V3 T = 64-128. (A 32-token tile
+// served 17-20 pairs per expert until the prefill GEMMs took over above 13.)
 int decode_tokens_per_tile(int64_t tokens, int64_t per_expert, routing_kind routing) {
-  const int by_tokens = tokens <= 8 ? 8 : tokens <= 16 ? 16 : 32;
-  const bool skewed = routing == routing_kind::sigmoid_grouped_topk;
-  const int by_pairs = per_expert <= 4 && !skewed ? 8 : per_expert <= 16 ? 16 : 32;
+  const int by_tokens = tokens <= 8 ? 8 : 16;
+  const int by_pairs = per_expert <= 4 && !skewed_routing(routing) ? 8 : 16;
   return std::min(by_tokens, by_pairs);
 }
 
@@ -111,7 +120,7 @@ int decode_ring_rows(int64_t tokens, int top_k, bool precomputed, int bn) {
 class decode_occupancy {
  public:
   void measure() {
-    for (int b = 0; b < 3; ++b)
+    for (int b = 0; b < kWidths; ++b)
       for (int g = 0; g < 3; ++g)
         for (int r = 0; r < kRows; ++r) {
           const int bn = 8 << b, kg = 1 << g, rows = 1 << r;
@@ -121,9 +130,10 @@ class decode_occupancy {
   int ctas_per_sm(int bn, int kg, int rows) const { return ctas_[log2(bn / 8)][log2(kg)][log2(rows)]; }
 
  private:
-  static constexpr int kRows = 6;  // ring_rows 1 .. 32
+  static constexpr int kWidths = 2;  // tokens per tile 8, 16
+  static constexpr int kRows = 5;    // ring_rows 1 .. 16
   static int log2(int v) { return 31 - __builtin_clz(static_cast<unsigned>(v)); }
-  int ctas_[3][3][kRows] = {};
+  int ctas_[kWidths][3][kRows] = {};
 };
 
 // How a decode GEMM launch spreads over the SMs: its K split (warps of a CTA splitting K) and the
@@ -403,7 +413,7 @@ void moe_layer::forward(const tensor_view& x, const routing_input& routing, cons
   const sm90::moe_workspace ws = plan.bind(workspace);
   const int64_t pairs = T * k;
   const bool legacy = m.path == moe_path::legacy;
-  const gemm_config gc = pick_config(T, k, E, m.path);
+  const gemm_config gc = pick_config(T, k, E, c.routing.kind, m.path);
   const bool decode = gc == gemm_config::decode;
   const bool prefill =
       gc == gemm_config::prefill_narrow || gc == gemm_config::prefill_mid || gc == gemm_config::prefill_wide;
