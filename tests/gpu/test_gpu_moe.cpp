@@ -56,7 +56,9 @@ TEST_P(GpuMoe, MatchesReferenceAtEveryTileResidue) {
 // T = 28 the prefill GEMMs at the fewest. The largest decode sizes: max_experts_max_topk at T = 416
 // (6656 pairs, 13 per expert) and largest_decode_tokens at T = 7167 (13 per expert by the
 // estimate); there T = 7168 and 8192 take the prefill GEMMs behind the one-CTA plan (8192 pairs:
-// the most it schedules) and T = 8193 the four-step path.
+// the most it schedules) and T = 8193 the four-step path. decode_split_long_k (K = 6144: 96
+// fragment tiles) splits GEMM1 over 2 groups in 8-token tiles by the long-K rule at T = 4 and 8
+// (32 and 64 pairs on 32 experts: >= 32 tiles), not at T = 2 (16 tiles); T = 9 takes 16-token tiles.
 INSTANTIATE_TEST_SUITE_P(
     Shapes, GpuMoe,
     testing::Values(
@@ -83,7 +85,9 @@ INSTANTIATE_TEST_SUITE_P(
         shape_case{"decode_split_k_gemm2", 8, 64, 2080, 1, routing_kind::softmax_topk, activation_kind::silu_mul,
                    layout::gate_up_order::concatenated, false, {1, 5, 12, 33}},
         shape_case{"decode_split_k_16_tokens", 4, 2080, 2080, 2, routing_kind::softmax_topk,
-                   activation_kind::silu_mul, layout::gate_up_order::interleaved, true, {9, 12, 17, 20, 26, 28}}),
+                   activation_kind::silu_mul, layout::gate_up_order::interleaved, true, {9, 12, 17, 20, 26, 28}},
+        shape_case{"decode_split_long_k", 32, 6144, 512, 8, routing_kind::softmax_topk, activation_kind::silu_mul,
+                   layout::gate_up_order::concatenated, false, {2, 4, 8, 9}}),
     [](const testing::TestParamInfo<shape_case>& i) { return std::string(i.param.name); });
 
 // Scale bytes 0 and above 128 take the two-multiply dequantization (2^(s-1) is no normal bf16

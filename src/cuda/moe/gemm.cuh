@@ -231,7 +231,8 @@ __device__ __forceinline__ void gemm_tile_body(uint8_t* smem, const tile_desc td
 #pragma unroll
   for (int mi = 0; mi < Cfg::MT; ++mi) {
     const int rt = row_tile0 + wm * Cfg::MT + mi;
-    if (rt < row_tiles) detail::store_row_tile<Cfg::NT>(acc[mi], rt, wn * Cfg::WN, td, row_pair, w, ws, ep, act);
+    if (rt < row_tiles) detail::store_row_tile<Cfg::NT>(acc[mi], rt, wn * Cfg::WN, td,
+                                                        detail::pairs_from_rows{row_pair, ws.weights}, w, ws, ep, act);
   }
   __syncthreads();  // the next tile reuses shared memory
 }

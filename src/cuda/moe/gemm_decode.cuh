@@ -63,9 +63,9 @@ struct decode_shape {
   // 3 x 75 KB of shared memory) only when its tile rows live in the ring (kRowsInRing); the
   // 8-token one fits 3 with 79 registers under the bound for 2.
   static constexpr int kMinBlocks = NT == 2 ? 3 : 2;
-  // The tile's row arrays (2 * BN ints) in the B part of the last ring slot, which no copy
-  // writes before the main loop's first barrier, instead of after the ring: 128 bytes less, which
-  // is what a third 16-token CTA per SM needs. GEMM2 reads them again for its epilogue.
+  // The tile's row array (BN ints) in the B part of the last ring slot, which no copy writes
+  // before the main loop's first barrier, instead of after the ring: what a third 16-token CTA
+  // per SM needs. (GEMM2's epilogue keeps its pairs in registers.)
   static constexpr bool kRowsInRing = NT == 2;
   static constexpr int kRowBytes = 128;            // one B row of one fragment tile
   static constexpr int kCodeBytes = kSteps * layout::sm90_fragment::kTileBytes;        // a warp's codes per stage
@@ -85,9 +85,9 @@ struct decode_shape {
   static constexpr int b_stage_bytes(int k_groups, int ring_rows) { return k_groups * kSteps * ring_rows * kRowBytes; }
   static constexpr int stage_bytes(int k_groups, int ring_rows) { return kAStageBytes + b_stage_bytes(k_groups, ring_rows); }
   static constexpr int smem_bytes(int k_groups, int ring_rows) {
-    return kStages * stage_bytes(k_groups, ring_rows) + (kRowsInRing ? 0 : 2 * BN * 4);
+    return kStages * stage_bytes(k_groups, ring_rows) + (kRowsInRing ? 0 : BN * 4);
   }
-  static_assert(!kRowsInRing || b_stage_bytes(1, 1) >= 2 * BN * 4, "the rows fit in a slot's B part");
+  static_assert(!kRowsInRing || b_stage_bytes(1, 1) >= BN * 4, "the rows fit in a slot's B part");
   static_assert(kAStageBytes % 128 == 0, "B stages stay 128-byte aligned");
 };
 
@@ -167,13 +167,16 @@ __global__ void __launch_bounds__(S::kThreads, S::kMinBlocks)
     load_a_stage(load_slot);
     load_slot = next_slot(load_slot);
   }
+  // GEMM2's pairs and routing weights, in sorted order since the plan (before GEMM1): read now,
+  // before the wait, so that the epilogue has them.
+  detail::pairs_in_registers<S::NT> pairs;
+  if (ep == epilogue_kind::weighted_down) pairs.load(td, ws, 0);
   if (early_weights) detail::wait_for_previous_grid();
   detail::allow_dependent_launch();
 
-  // Per B row: the activation row it reads, and (GEMM2) the pair it writes.
+  // Per B row: the activation row it reads (GEMM2: its sorted position, no load).
   int* row_src = reinterpret_cast<int*>(smem + ring_bytes - (S::kRowsInRing ? S::b_stage_bytes(KG, ring_rows) : 0));
-  int* row_pair = row_src + S::BN;
-  detail::load_tile_rows(td, ws, ep, top_k, S::BN, row_src, row_pair);
+  detail::load_tile_rows(td, ws, ep, top_k, S::BN, row_src, nullptr);
   __syncthreads();
 
   // This thread's B chunks: row cr, 16-byte column cq, fragment tiles ct0 + i * kTileStride of a
@@ -298,11 +301,7 @@ __global__ void __launch_bounds__(S::kThreads, S::kMinBlocks)
 #pragma unroll
           for (int q = 0; q < 4; ++q) acc[n][q] += red[((((g - 1) * kWarpsM + wm) * S::NT + n) * 4 + q) * 32 + lane];
   }
-  if (S::kRowsInRing && ep == epilogue_kind::weighted_down) {  // the ring overwrote them
-    detail::load_tile_rows(td, ws, ep, top_k, S::BN, row_src, row_pair);
-    __syncthreads();
-  }
-  if (wk == 0 && active) detail::store_row_tile<S::NT>(acc, rt, 0, td, row_pair, w, ws, ep, act);
+  if (wk == 0 && active) detail::store_row_tile<S::NT>(acc, rt, 0, td, pairs, w, ws, ep, act);
 }
 
 }  // namespace mxmoe::cuda::sm90

@@ -158,13 +158,18 @@ struct decode_device {
 //   tiles, every CTA is resident at once, and the mean CTAs per SM over the most any SM gets rises
 //   by >= 0.15 (gpt-oss-120b's GEMM1 at T = 1: 180 CTAs on 132 SMs, 0.68, becomes 360, 0.91:
 //   20.8 -> 19.3 us on an H200; splitting where the SMs were already even was slower: Qwen3-30B-A3B
-//   and Kimi-K2 at T = 1, performance.md, 2026-12-05 eighth session).
+//   and Kimi-K2 at T = 1, performance.md, 2026-12-05 eighth session);
+//   and 2 groups for 8-token tiles of a long K (>= 96 fragment tiles, K >= 6144) once there are
+//   >= 32 tiles, even though the CTAs then exceed two per SM: Kimi-K2's and DeepSeek-V3's GEMM1
+//   (K = 7168) at T = 4-8 took 0.945-0.971 of the layer time on three H100s, T = 1-2 (fewer tiles)
+//   lost up to 4 %, K <= 4096 gained nothing (performance.md, 2026-12-06 fifteenth session).
 // The shared memory: no SM should take more CTAs than its even share, ceil(CTAs / SMs): asking for
 // smem_per_sm / share keeps the block scheduler from stacking CTAs on some SMs while others idle,
 // which a ring of few B rows (three or four CTAs fit per SM) would otherwise allow.
 decode_split pick_decode_split(int bn, int ring_rows, int64_t est_tiles, int64_t rows, int64_t cols,
                                const decode_device& dev) {
   constexpr int kCtasPerSmForSplit = 2;
+  constexpr int64_t kLongKMinTiles = 32, kLongKMinColTiles = 96;
   const layout::sm90_fragment frag{rows, cols};
   const int64_t sms = dev.sms;
   auto ctas_of = [&](int kg) { return layout::ceil_div(frag.row_tiles(), sm90::kDecodeWarps / kg) * est_tiles; };
@@ -179,6 +184,7 @@ decode_split pick_decode_split(int bn, int ring_rows, int64_t est_tiles, int64_t
     if (!fits && !evens) break;
     d.k_groups = next;
   }
+  if (d.k_groups == 1 && bn == 8 && est_tiles >= kLongKMinTiles && frag.col_tiles() >= kLongKMinColTiles) d.k_groups = 2;
   const int64_t share = layout::ceil_div(ctas_of(d.k_groups), sms);
   if (share < dev.occupancy.ctas_per_sm(bn, d.k_groups, ring_rows))
     d.min_smem_bytes = (dev.smem_per_sm / static_cast<size_t>(share) - dev.smem_reserved_per_cta) / 128 * 128;
