@@ -2,7 +2,10 @@
 """CPU checks of the benchmark scripts, standard library only (CI installs no Python packages):
   * bench/peer_triton.py's shape table agrees with src/base/presets.cpp, the one the C++ side uses;
   * scripts/gpu_summary.py prints the peer column (peer µs, mxmoe/peer) or says why the peer did
-    not run, for the results bench_moe and bench/peer_triton.py write.
+    not run, for the results bench_moe and bench/peer_triton.py write;
+  * scripts/ab_moe.sh and bench/ab_compare.py: rounds alternate between builds, ratios are best
+    round over the base's best round, and only ratios beyond both builds' round spreads are marked
+    (with stand-in bench_moe executables that write known times).
     python3 tests/scripts/test_bench_scripts.py
 """
 import ast
@@ -119,6 +122,137 @@ class SummaryPeerColumn(unittest.TestCase):
     def test_peer_alone(self):
         peer = {"peer": None, "available": False, "reason": "no CUDA device", "rows": []}
         self.assertIn("peer did not run: no CUDA device", summary({"peer.json": peer}))
+
+
+def ab_rows(times):
+    return {"rows": [{"shape": s, "tokens": t, "us": us} for (s, t), us in times.items()]}
+
+
+def ab_compare(files, *args):
+    with tempfile.TemporaryDirectory() as d:
+        for name, obj in files.items():
+            with open(os.path.join(d, name), "w") as f:
+                json.dump(obj, f)
+        run = subprocess.run([sys.executable, os.path.join(ROOT, "bench", "ab_compare.py"), d, *args],
+                             capture_output=True, text=True)
+        out = None
+        if "--json" in args:
+            path = args[args.index("--json") + 1]
+            if os.path.exists(path):
+                with open(path) as f:
+                    out = json.load(f)
+    return run, out
+
+
+class AbCompare(unittest.TestCase):
+    files = {
+        # base: rounds 100 / 102 at T = 1 (spread 1.02), 50 / 50 at T = 8
+        "base_1.json": ab_rows({("qwen3-30b-a3b", 1): 100.0, ("qwen3-30b-a3b", 8): 50.0}),
+        "base_2.json": ab_rows({("qwen3-30b-a3b", 1): 102.0, ("qwen3-30b-a3b", 8): 50.0}),
+        # new: T = 1 within the noise (0.99), T = 8 beyond it (0.90); ignored: other file names
+        "new_1.json": ab_rows({("qwen3-30b-a3b", 1): 99.0, ("qwen3-30b-a3b", 8): 45.5}),
+        "new_2.json": ab_rows({("qwen3-30b-a3b", 1): 99.5, ("qwen3-30b-a3b", 8): 45.0}),
+        "ab.json": {"rows": []},
+        "peer.json": {"rows": []},
+    }
+
+    def test_best_round_ratios_and_the_noise_mark(self):
+        with tempfile.TemporaryDirectory() as tmp:
+            run, out = ab_compare(self.files, "--json", os.path.join(tmp, "c.json"))
+        self.assertEqual(run.returncode, 0, run.stderr)
+        row1 = next(l for l in run.stdout.splitlines() if re.match(r"qwen3-30b-a3b\s+1\s", l))
+        row8 = next(l for l in run.stdout.splitlines() if re.match(r"qwen3-30b-a3b\s+8\s", l))
+        self.assertRegex(row1, r"\s100\.0\s+1\.020\s+0\.990 \s+1\.005")  # 99 / 100, unmarked
+        self.assertRegex(row8, r"\s50\.0\s+1\.000\s+0\.900\*\s+1\.011")  # 45 / 50, marked
+        self.assertEqual(out["base"], "base")
+        self.assertEqual(out["rounds"], {"base": [1, 2], "new": [1, 2]})
+        p8 = next(p for p in out["points"] if p["tokens"] == 8)
+        self.assertAlmostEqual(p8["ratio"]["new"], 0.9)
+        self.assertEqual(p8["us"]["new"], [45.5, 45.0])
+        self.assertTrue(p8["beyond_noise"]["new"])
+
+    def test_a_point_a_build_missed_is_a_dash(self):
+        files = dict(self.files)
+        files["new_1.json"] = ab_rows({("qwen3-30b-a3b", 1): 99.0})
+        files["new_2.json"] = ab_rows({("qwen3-30b-a3b", 1): 99.5})
+        run, _ = ab_compare(files)
+        self.assertEqual(run.returncode, 0, run.stderr)
+        row8 = next(l for l in run.stdout.splitlines() if re.match(r"qwen3-30b-a3b\s+8\s", l))
+        self.assertRegex(row8, r"\s-\s+-$")
+
+    def test_unknown_base_and_empty_folder(self):
+        run, _ = ab_compare(self.files, "--base", "old")
+        self.assertEqual(run.returncode, 2)
+        self.assertIn("--base: no old_<round>.json among the builds ['base', 'new']", run.stderr)
+        run, _ = ab_compare({})
+        self.assertEqual(run.returncode, 2)
+        self.assertIn("no <build>_<round>.json", run.stderr)
+
+
+FAKE_BENCH = """#!/usr/bin/env python3
+import json, os, sys
+a = sys.argv[1:]
+calls = os.path.join(os.path.dirname(os.path.abspath(__file__)), "calls")
+with open(calls, "a") as f:
+    f.write(os.path.basename(__file__) + "\\n")
+if os.path.basename(__file__) == "broken":
+    sys.exit(3)
+tokens = [int(t) for t in a[a.index("--tokens") + 1].split(",")]
+us = {"base": 100.0, "new": 80.0}[os.path.basename(__file__)]
+rows = [{"shape": s, "tokens": t, "us": us * t} for s in a[a.index("--shapes") + 1].split(",") for t in tokens]
+json.dump({"rows": rows}, open(a[a.index("--json") + 1], "w"))
+"""
+
+
+class AbScript(unittest.TestCase):
+    def run_ab(self, d, *args):
+        return subprocess.run(["bash", os.path.join(ROOT, "scripts", "ab_moe.sh"), *args], capture_output=True,
+                              text=True, cwd=d)
+
+    def fake(self, d, name):
+        path = os.path.join(d, name)
+        with open(path, "w") as f:
+            f.write(FAKE_BENCH)
+        os.chmod(path, 0o755)
+        return path
+
+    def test_rounds_alternate_and_the_table_comes_last(self):
+        with tempfile.TemporaryDirectory() as d:
+            base, new = self.fake(d, "base"), self.fake(d, "new")
+            out = os.path.join(d, "ab")
+            run = self.run_ab(d, "--rounds", "2", "--shapes", "qwen3-30b-a3b", "--tokens", "1,8", "--out", out,
+                              f"base={base}", f"new={new}")
+            self.assertEqual(run.returncode, 0, run.stderr)
+            with open(os.path.join(d, "calls")) as f:
+                self.assertEqual(f.read().split(), ["base", "new", "base", "new"])
+            self.assertTrue(os.path.exists(os.path.join(out, "ab.json")))
+            row8 = next(l for l in run.stdout.splitlines() if re.match(r"qwen3-30b-a3b\s+8\s", l))
+            self.assertRegex(row8, r"\s800\.0\s+1\.000\s+0\.800\*")
+
+    def test_a_failing_build_is_reported_and_the_rest_compared(self):
+        with tempfile.TemporaryDirectory() as d:
+            base, broken = self.fake(d, "base"), self.fake(d, "broken")
+            run = self.run_ab(d, "--rounds", "1", "--tokens", "1", "--out", os.path.join(d, "ab"), f"base={base}",
+                              f"broken={broken}")
+            self.assertEqual(run.returncode, 1)
+            self.assertIn("broken failed in round 1", run.stderr)
+            self.assertRegex(run.stdout, r"gpt-oss-120b\s+1\s+100\.0\s+1\.000\s+-\s+-")
+            self.assertIn("no results for build broken", run.stdout)
+
+    def test_usage_errors(self):
+        with tempfile.TemporaryDirectory() as d:
+            base = self.fake(d, "base")
+            for args, message in [
+                ([f"base={base}"], "name at least two builds"),
+                ([f"base={base}", f"base={base}"], "build name 'base' given twice"),
+                ([f"base={base}", "new=/no/such/bench_moe"], "'/no/such/bench_moe' is not an executable bench_moe"),
+                ([f"base={base}", f"a/b={base}"], "build name 'a/b'"),
+                (["--rounds", "0", f"base={base}", f"new={base}"], "--rounds: expected a positive integer, got '0'"),
+                (["--frobnicate"], "unknown argument '--frobnicate'"),
+            ]:
+                run = self.run_ab(d, *args)
+                self.assertEqual(run.returncode, 2, args)
+                self.assertIn(message, run.stderr, args)
 
 
 if __name__ == "__main__":

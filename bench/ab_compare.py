@@ -1,0 +1,108 @@
+#!/usr/bin/env python3
+"""Same-run A/B of MoE layer builds from bench_moe JSON files (scripts/ab_moe.sh writes them).
+
+    python3 bench/ab_compare.py DIR [--base NAME] [--builds A,B,...] [--json OUT.json]
+
+DIR holds <build>_<round>.json files, one bench_moe --json per build and round, run alternating
+(round 1 of every build, then round 2, ...), so that a drift of the GPU's clocks or temperature hits
+every build alike. Per (shape, T) it prints the base build's best round in µs, each other build's
+best round over the base's best (the figure the performance log records), and each build's own
+round spread (max / min over its rounds). A ratio further from 1 than the larger of the two builds'
+spreads is marked '*': a change the noise of this run does not explain. --builds names the builds
+and their column order (default: every build with results, base first); a named build without
+results gets dashes and a note. With --json it writes
+{"base", "builds", "rounds", "points": [{"shape", "tokens", "us": {build: [rounds]}, "ratio": {build: r}}]}.
+Standard library only.
+"""
+import argparse
+import json
+import os
+import re
+import sys
+
+NAME = re.compile(r"^(?P<build>[A-Za-z0-9][A-Za-z0-9.-]*)_(?P<round>\d+)\.json$")
+
+
+def load_runs(directory):
+    """{build: {round: {(shape, tokens): us}}} from DIR/<build>_<round>.json."""
+    runs = {}
+    for name in sorted(os.listdir(directory)):
+        m = NAME.match(name)
+        if not m:
+            continue
+        with open(os.path.join(directory, name)) as f:
+            rows = json.load(f).get("rows", [])
+        points = {(r["shape"], int(r["tokens"])): float(r["us"]) for r in rows if isinstance(r.get("us"), (int, float))}
+        runs.setdefault(m["build"], {})[int(m["round"])] = points
+    return runs
+
+
+def compare(runs, base, builds=None):
+    """Rows of the comparison: one per (shape, T) the base build measured, in the base's order."""
+    if base not in runs:
+        raise ValueError(f"--base: no {base}_<round>.json among the builds {sorted(runs)}")
+    others = [b for b in (builds or sorted(runs)) if b != base]
+    keys = sorted({k for rnd in runs[base].values() for k in rnd})
+    points = []
+    for key in keys:
+        us = {b: [runs[b][r][key] for r in sorted(runs.get(b, {})) if key in runs[b][r]] for b in [base] + others}
+        if not us[base]:
+            continue
+        best = {b: min(v) for b, v in us.items() if v}
+        spread = {b: max(v) / min(v) for b, v in us.items() if v}
+        ratio = {b: best[b] / best[base] for b in others if b in best}
+        beyond = {b: abs(r - 1.0) > max(spread[b], spread[base]) - 1.0 for b, r in ratio.items()}
+        points.append({"shape": key[0], "tokens": key[1], "us": us, "ratio": ratio, "spread": spread,
+                       "beyond_noise": beyond})
+    return others, points
+
+
+def print_table(base, others, points, out=sys.stdout):
+    head = f"{'shape':24s} {'T':>6s} {base + ' us':>12s} {'spread':>7s}"
+    for b in others:
+        head += f" {b + '/' + base:>14s} {'spread':>7s}"
+    print(head, file=out)
+    for p in points:
+        line = f"{p['shape']:24s} {p['tokens']:6d} {min(p['us'][base]):12.1f} {p['spread'][base]:7.3f}"
+        for b in others:
+            if b in p["ratio"]:
+                mark = "*" if p["beyond_noise"][b] else " "
+                line += f" {p['ratio'][b]:13.3f}{mark} {p['spread'][b]:7.3f}"
+            else:
+                line += f" {'-':>14s} {'-':>7s}"
+        print(line, file=out)
+    print(f"best round over {base}'s best round; spread = a build's max / min over its rounds; "
+          f"* = further from 1 than either build's spread", file=out)
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("dir", help="folder of <build>_<round>.json bench_moe results")
+    ap.add_argument("--base", default="base", help="the build the others are divided by (default: base)")
+    ap.add_argument("--builds", help="the builds, comma-separated, in column order (default: all with results)")
+    ap.add_argument("--json", help="write the comparison here")
+    a = ap.parse_args(argv)
+    builds = [b for b in a.builds.split(",") if b] if a.builds else None
+    runs = load_runs(a.dir)
+    if not runs:
+        print(f"ab_compare: no <build>_<round>.json in {a.dir}", file=sys.stderr)
+        return 2
+    try:
+        others, points = compare(runs, a.base, builds)
+    except ValueError as e:
+        print(f"ab_compare: {e}", file=sys.stderr)
+        return 2
+    print_table(a.base, others, points)
+    for b in others:
+        if b not in runs:
+            print(f"no results for build {b}")
+    if a.json:
+        rounds = {b: sorted(r) for b, r in runs.items()}
+        with open(a.json, "w") as f:
+            json.dump({"base": a.base, "builds": [a.base] + others, "rounds": rounds,
+                       "points": [{k: v for k, v in p.items() if k != "spread"} for p in points]}, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

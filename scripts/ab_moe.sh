@@ -1,0 +1,69 @@
+#!/usr/bin/env bash
+# Same-run A/B of MoE layer builds on the GPU machine: each build's bench_moe runs once per round,
+# the builds alternating within a round, then bench/ab_compare.py prints every build's best round
+# over the base build's best round, with each build's own round spread (docs/performance.md,
+# "How to reproduce").
+#
+#   scripts/ab_moe.sh [--rounds R] [--shapes a,b] [--tokens 1,8,...] [--iters N] [--out DIR] \
+#                     base=PATH/bench_moe NAME=PATH/bench_moe ...
+#   scripts/ab_moe.sh --tokens 1,8,32 base=old/bin/bench_moe new=build/bin/bench_moe
+#
+# The first build named is the base. Writes DIR/<build>_<round>.json (bench_moe --json),
+# DIR/ab.json (the comparison) and DIR/ab.txt (the table printed last). Defaults: 2 rounds, the
+# six shapes of docs/models.md, T = 1,2,4,8,16,32,64,128, 20 iterations, DIR = ${OUT:-.}/ab.
+# Environment variables such as MXMOE_MOE_PATH apply to every build alike.
+# Exit status: 0 when every run wrote its results, 1 when one failed (the table then covers the
+# rest), 2 on a usage error.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+
+usage() { sed -n '2,17p' "$0" | sed 's/^# \{0,1\}//'; }
+die() { echo "ab_moe.sh: $*" >&2; exit 2; }
+
+ROUNDS=2
+SHAPES=gpt-oss-120b,qwen3-30b-a3b,kimi-k2,gpt-oss-20b,deepseek-v3,deepseek-v4-flash-like
+TOKENS=1,2,4,8,16,32,64,128
+ITERS=20
+DIR=${OUT:-.}/ab
+names=()
+bins=()
+while (($#)); do
+  case $1 in
+    --rounds | --shapes | --tokens | --iters | --out)
+      [ $# -ge 2 ] || die "$1 needs a value"
+      case $1 in
+        --rounds) ROUNDS=$2 ;; --shapes) SHAPES=$2 ;; --tokens) TOKENS=$2 ;; --iters) ITERS=$2 ;; --out) DIR=$2 ;;
+      esac
+      shift 2 ;;
+    -h | --help) usage; exit 0 ;;
+    *=*)
+      name=${1%%=*} bin=${1#*=}
+      [[ $name =~ ^[A-Za-z0-9][A-Za-z0-9.-]*$ ]] || die "build name '$name': letters, digits, '.' and '-' only"
+      for n in "${names[@]}"; do [ "$n" != "$name" ] || die "build name '$name' given twice"; done
+      [ -x "$bin" ] || die "build '$name': '$bin' is not an executable bench_moe"
+      names+=("$name") bins+=("$bin")
+      shift ;;
+    *) die "unknown argument '$1' (expected --rounds, --shapes, --tokens, --iters, --out or NAME=PATH)" ;;
+  esac
+done
+((${#names[@]} >= 2)) || die "name at least two builds: base=PATH NAME=PATH ..."
+[[ $ROUNDS =~ ^[1-9][0-9]*$ ]] || die "--rounds: expected a positive integer, got '$ROUNDS'"
+[[ $ITERS =~ ^[1-9][0-9]*$ ]] || die "--iters: expected a positive integer, got '$ITERS'"
+
+mkdir -p "$DIR" || die "cannot create '$DIR'"
+status=0
+for ((r = 1; r <= ROUNDS; ++r)); do
+  for i in "${!names[@]}"; do
+    json=$DIR/${names[$i]}_$r.json
+    echo "ab_moe: round $r, ${names[$i]}"
+    if ! "${bins[$i]}" --shapes "$SHAPES" --tokens "$TOKENS" --iters "$ITERS" --json "$json" >"$DIR/${names[$i]}_$r.log" 2>&1; then
+      echo "ab_moe: ${names[$i]} failed in round $r (log: $DIR/${names[$i]}_$r.log)" >&2
+      rm -f "$json"
+      status=1
+    fi
+  done
+done
+builds=$(IFS=,; echo "${names[*]}")
+python3 bench/ab_compare.py "$DIR" --base "${names[0]}" --builds "$builds" --json "$DIR/ab.json" | tee "$DIR/ab.txt"
+[ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+exit $status
