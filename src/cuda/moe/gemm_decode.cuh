@@ -25,8 +25,9 @@
 // With k_groups > 1 the partial sums of the K groups are added through shared memory in group
 // order before the epilogue: fixed order, deterministic. fp32 accumulation throughout.
 //
-// Launched as a programmatic dependent (pdl.cuh): GEMM2 (early_weights) reads its tile and starts
-// copying weights before waiting for GEMM1.
+// Launched as a programmatic dependent (pdl.cuh): GEMM2 (early_weights) reads its tile, starts
+// copying weights and reads its pairs and routing weights into registers (epilogue.cuh,
+// pairs_in_registers) before waiting for GEMM1; its B rows are the sorted positions (no load).
 // B rows beyond a tile's count take no shared memory either: the ring holds ring_rows rows per
 // fragment tile (gemm_launch::ring_rows, e.g. 1 at T = 1), so that few-token launches fit three CTAs per SM
 // with their K split over more warps.
