@@ -7,11 +7,13 @@ DIR holds <build>_<round>.json files, one bench_moe --json per build and round, 
 (round 1 of every build, then round 2, ...), so that a drift of the GPU's clocks or temperature hits
 every build alike. Per (shape, T) it prints the base build's best round in µs, each other build's
 best round over the base's best (the figure the performance log records), and each build's own
-round spread (max / min over its rounds). A ratio further from 1 than the larger of the two builds'
-spreads is marked '*': a change the noise of this run does not explain. --builds names the builds
+round spread (max / min over its rounds). The run's noise is the largest round spread of any build
+at any point; a ratio further from 1 than that is marked '*': a change the noise of this run does
+not explain (with two rounds a point's own spread is too small a sample to judge by). --builds names the builds
 and their column order (default: every build with results, base first); a named build without
 results gets dashes and a note. With --json it writes
-{"base", "builds", "rounds", "points": [{"shape", "tokens", "us": {build: [rounds]}, "ratio": {build: r}}]}.
+{"base", "builds", "rounds", "noise", "points": [{"shape", "tokens", "us": {build: [rounds]},
+"ratio": {build: r}, "beyond_noise": {build: bool}}]}.
 Standard library only.
 """
 import argparse
@@ -51,13 +53,14 @@ def compare(runs, base, builds=None):
         best = {b: min(v) for b, v in us.items() if v}
         spread = {b: max(v) / min(v) for b, v in us.items() if v}
         ratio = {b: best[b] / best[base] for b in others if b in best}
-        beyond = {b: abs(r - 1.0) > max(spread[b], spread[base]) - 1.0 for b, r in ratio.items()}
-        points.append({"shape": key[0], "tokens": key[1], "us": us, "ratio": ratio, "spread": spread,
-                       "beyond_noise": beyond})
-    return others, points
+        points.append({"shape": key[0], "tokens": key[1], "us": us, "ratio": ratio, "spread": spread})
+    noise = max((sp - 1.0 for p in points for sp in p["spread"].values()), default=0.0)
+    for p in points:
+        p["beyond_noise"] = {b: abs(r - 1.0) > noise for b, r in p["ratio"].items()}
+    return others, points, noise
 
 
-def print_table(base, others, points, out=sys.stdout):
+def print_table(base, others, points, noise, out=sys.stdout):
     head = f"{'shape':24s} {'T':>6s} {base + ' us':>12s} {'spread':>7s}"
     for b in others:
         head += f" {b + '/' + base:>14s} {'spread':>7s}"
@@ -72,7 +75,7 @@ def print_table(base, others, points, out=sys.stdout):
                 line += f" {'-':>14s} {'-':>7s}"
         print(line, file=out)
     print(f"best round over {base}'s best round; spread = a build's max / min over its rounds; "
-          f"* = further from 1 than either build's spread", file=out)
+          f"* = further from 1 than the run's noise, the largest spread ({noise:.1%})", file=out)
 
 
 def main(argv=None):
@@ -88,18 +91,18 @@ def main(argv=None):
         print(f"ab_compare: no <build>_<round>.json in {a.dir}", file=sys.stderr)
         return 2
     try:
-        others, points = compare(runs, a.base, builds)
+        others, points, noise = compare(runs, a.base, builds)
     except ValueError as e:
         print(f"ab_compare: {e}", file=sys.stderr)
         return 2
-    print_table(a.base, others, points)
+    print_table(a.base, others, points, noise)
     for b in others:
         if b not in runs:
             print(f"no results for build {b}")
     if a.json:
         rounds = {b: sorted(r) for b, r in runs.items()}
         with open(a.json, "w") as f:
-            json.dump({"base": a.base, "builds": [a.base] + others, "rounds": rounds,
+            json.dump({"base": a.base, "builds": [a.base] + others, "rounds": rounds, "noise": noise,
                        "points": [{k: v for k, v in p.items() if k != "spread"} for p in points]}, f, indent=1)
     return 0
 

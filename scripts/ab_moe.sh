@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Same-run A/B of MoE layer builds on the GPU machine: each build's bench_moe runs once per round,
 # the builds alternating within a round, then bench/ab_compare.py prints every build's best round
-# over the base build's best round, with each build's own round spread (docs/performance.md,
-# "How to reproduce").
+# over the base build's best round, with each build's own round spread, marking ratios beyond the
+# run's largest spread (docs/performance.md, "How to reproduce").
 #
 #   scripts/ab_moe.sh [--rounds R] [--shapes a,b] [--tokens 1,8,...] [--iters N] [--out DIR] \
 #                     base=PATH/bench_moe NAME=PATH/bench_moe ...

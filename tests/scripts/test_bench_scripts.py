@@ -164,6 +164,8 @@ class AbCompare(unittest.TestCase):
         row8 = next(l for l in run.stdout.splitlines() if re.match(r"qwen3-30b-a3b\s+8\s", l))
         self.assertRegex(row1, r"\s100\.0\s+1\.020\s+0\.990 \s+1\.005")  # 99 / 100, unmarked
         self.assertRegex(row8, r"\s50\.0\s+1\.000\s+0\.900\*\s+1\.011")  # 45 / 50, marked
+        self.assertIn("the largest spread (2.0%)", run.stdout)
+        self.assertAlmostEqual(out["noise"], 0.02)
         self.assertEqual(out["base"], "base")
         self.assertEqual(out["rounds"], {"base": [1, 2], "new": [1, 2]})
         p8 = next(p for p in out["points"] if p["tokens"] == 8)
