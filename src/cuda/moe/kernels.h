@@ -42,7 +42,6 @@ struct moe_workspace {
   int32_t* ids;         // [T*k]
   float* weights;       // [T*k]
   int32_t* pos;         // [T*k]: rank of pair p within its expert, s = offsets[ids[p]] + pos[p]
-                        // (route / import and the one-CTA plan; not the few-token plan)
   int32_t* sorted;      // [T*k]
   float* sorted_weights;  // [T*k]: weights[sorted[s]], written with sorted (GEMM2's epilogue reads it)
   uint16_t* act;        // [T*k, I] bf16
