@@ -41,7 +41,7 @@ struct moe_workspace {
   tile_desc* tiles;     // [max_tiles]
   int32_t* ids;         // [T*k]
   float* weights;       // [T*k]
-  int32_t* pos;         // [T*k]
+  int32_t* pos;         // [T*k]: rank of pair p within its expert, s = offsets[ids[p]] + pos[p]
   int32_t* sorted;      // [T*k]
   float* sorted_weights;  // [T*k]: weights[sorted[s]], written with sorted (GEMM2's epilogue reads it)
   uint16_t* act;        // [T*k, I] bf16
@@ -105,9 +105,10 @@ int decode_ctas_per_sm(int tokens_per_tile, int k_groups, int ring_rows);
 // Warps per decode CTA; a CTA covers 16 * kDecodeWarps / k_groups weight rows.
 inline constexpr int kDecodeWarps = 8;
 
-// rows[s, :] = x[sorted[s] / top_k, :] for the valid sorted positions (gather_rows.cu): GEMM1's
-// B rows for the prefill GEMMs. A programmatic dependent launch.
-void launch_gather_sorted_rows(const uint16_t* x, int64_t pairs, int top_k, int64_t hidden, int64_t experts,
+// rows[s, :] = x[sorted[s] / top_k, :] for the valid sorted positions (gather_rows.cu, token by
+// token: s = offsets[ids[p]] + pos[p]): GEMM1's B rows for the prefill GEMMs. A programmatic
+// dependent launch.
+void launch_gather_sorted_rows(const uint16_t* x, int64_t pairs, int top_k, int64_t hidden,
                                const moe_workspace& ws, uint16_t* rows, cudaStream_t stream);
 
 // ---- routing ----

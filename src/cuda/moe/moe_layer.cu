@@ -491,7 +491,7 @@ void moe_layer::forward(const tensor_view& x, const routing_input& routing, cons
   }
   const uint16_t* b1 = x.as<const uint16_t>();
   if (prefill) {  // GEMM1's rows gathered in sorted order into ybuf, which GEMM2 then overwrites
-    sm90::launch_gather_sorted_rows(b1, pairs, k, H, E, ws, ws.ybuf, stream);
+    sm90::launch_gather_sorted_rows(b1, pairs, k, H, ws, ws.ybuf, stream);
     b1 = ws.ybuf;
   }
   sm90::launch_gemm(g1, w13, b1, ws, k, sm90::epilogue_kind::gate_up_activation, c.activation, stream);

@@ -7,8 +7,8 @@
 // (local expert, p): rank = how many keys are smaller (one shuffle per lane), the lanes of one
 // expert by __match_any_sync. Each expert gets one tile: a routed token picks an expert once, so
 // an expert has at most T <= tokens_per_tile pairs (the launcher checks). Written: tiles in expert
-// order, num_tiles, sorted / sorted_weights, offsets [E + 1], the error flag (0: routed ids are
-// never out of range).
+// order, num_tiles, sorted / sorted_weights, pos (each pair's rank within its expert), offsets
+// [E + 1], the error flag (0: routed ids are never out of range).
 //
 // Why a kernel of its own: the one-CTA plan (routing.cu) that routes at T = 1 takes 5.5-7.8 µs
 // under ncu (gpt-oss-120b, Qwen3-30B-A3B), and Kimi-K2's 384 experts need the route kernel before
@@ -75,6 +75,7 @@ __global__ void __launch_bounds__(kPlanFewMaxTokens * 32) plan_few_kernel(plan_a
     if (valid) {
       ws.sorted[rank] = p;
       ws.sorted_weights[rank] = pair_weight[p];
+      ws.pos[p] = __popc(same & ((1u << lane) - 1u));  // rank within the expert: its pairs in lane order
     }
     if (leader) {
       if (__popc(same) > a.tokens_per_tile) __trap();  // launch_plan_few's bound (T <= tokens_per_tile) was wrong

@@ -9,7 +9,7 @@
 //           of route, or imports caller-provided ids; counts pairs per expert in shared memory,
 //           scans (cub::BlockScan) to offsets and tiles, writes tile_desc{expert, start,
 //           count <= BN} in expert order, the error flag, and sorted[offsets[e] + rank] = p
-//           (with sorted_weights[offsets[e] + rank] = weights[p]).
+//           (with sorted_weights[offsets[e] + rank] = weights[p], and pos[p] = rank).
 // More pairs (prefill), the four-step path:
 //   route:    as above, and each slot bumps counts[e] and records its rank pos[p] (atomics;
 //             the counters were cleared by a memset).
@@ -232,6 +232,7 @@ __global__ void __launch_bounds__(kPlanThreads) plan_kernel(plan_args a, moe_wor
       const int s = sm.offsets[pk & 0xFFFF] + (pk >> 16);
       ws.sorted[s] = p;
       ws.sorted_weights[s] = ws.weights[p];
+      ws.pos[p] = pk >> 16;  // the prefill path's gather finds s from it
     }
   }
 }
