@@ -128,7 +128,7 @@ def main():
     print(f"torch {torch.__version__} on {res['gpu']}: copy {res['copy_tbps']:.2f} TB/s, "
           f"bf16 mm {res['bf16_tflops']:.0f} TFLOP/s", flush=True)
     flush = torch.empty(256 << 20, dtype=torch.uint8, device="cuda")
-    rows = []
+    rows, failed = [], []  # failed: the points that raised (e.g. out of memory), with the error
     sets = 4
     for name in a.shapes.split(","):
         E, H, I, k, routing, act = SHAPES[name]
@@ -154,14 +154,17 @@ def main():
                 t = timed(lambda i: graphs[i % sets].replay(), a.iters, flush)
                 us = statistics.median(t)
                 del graphs
-            except Exception as e:  # report, keep going: a missing point is visible in the table
+            except Exception as e:  # report, keep going: the summary shows the point as missing, with why
                 print(f"{name} T={T}: torch baseline failed: {e}", file=sys.stderr, flush=True)
+                why = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+                failed.append({"shape": name, "tokens": T, "error": why[:160]})
                 continue
             rows.append({"shape": name, "tokens": T, "us": us})
             print(f"torch bf16 {name:14s} T={T:6d} {us:10.1f} us", flush=True)
         del fwd
         torch.cuda.empty_cache()
     res["rows"] = rows
+    res["failed"] = failed
     with open(a.json, "w") as f:
         json.dump(res, f, indent=2)
 

@@ -48,15 +48,24 @@ if m:
     peer_rows = {(r["shape"], r["tokens"]): r for r in p.get("rows", [])}
     print(f"  {'shape':14s} {'T':>6s} {'us':>9s} {'floor%':>7s} {'torch_us':>9s} {'vs torch':>8s} {'peer_us':>9s} "
           f"{'mx/peer':>7s} {'TFLOP/s':>8s}")
-    missing = []
+    tj = load("torch.json")
+    torch_failed = {(r["shape"], r["tokens"]): r.get("error", "?") for r in (tj or {}).get("failed", [])}
+    missing, torch_missing = [], []
     for r in m["rows"]:
         tu, pu = r.get("torch_bf16_us"), r.get("peer_us")
         print(f"  {r['shape']:14s} {r['tokens']:6d} {r['us']:9.1f} {100 * r['floor_us'] / r['us']:6.0f}% "
-              f"{tu or 0:9.1f} {(tu / r['us']) if tu else 0:7.2f}x "
+              + (f"{tu:9.1f} {tu / r['us']:7.2f}x " if tu else f"{'-':>9s} {'-':>8s} ")
               + (f"{pu:9.1f} {r['us'] / pu:7.2f}" if pu else f"{'-':>9s} {'-':>7s}") + f" {r['tflops']:8.1f}")
         if peer and not pu:
             why = peer_rows.get((r["shape"], r["tokens"]), {}).get("error", "no peer result for this point")
             missing.append(f"{r['shape']} T={r['tokens']}: {why}")
+        if tj is not None and not tu:
+            torch_missing.append(f"{r['shape']} T={r['tokens']}: "
+                                 + torch_failed.get((r["shape"], r["tokens"]), "no torch result for this point"))
+    if tj is None and not any(r.get("torch_bf16_us") for r in m["rows"]):
+        print("  torch BF16 baseline not measured in this run (no torch.json)")
+    for line in torch_missing:
+        print(f"  torch did not run at {line}")
     if peer:
         print(f"  peer: {peer.get('name', '?')}, {peer.get('version', '?')}; mx/peer = mxmoe us / peer us")
         rel = [(r["rel_l2"], r["shape"], r["tokens"]) for r in p.get("rows", []) if r.get("rel_l2") is not None]

@@ -2,7 +2,8 @@
 """CPU checks of the benchmark scripts, standard library only (CI installs no Python packages):
   * bench/peer_triton.py's shape table agrees with src/base/presets.cpp, the one the C++ side uses;
   * scripts/gpu_summary.py prints the peer column (peer µs, mxmoe/peer) or says why the peer did
-    not run, for the results bench_moe and bench/peer_triton.py write;
+    not run, for the results bench_moe and bench/peer_triton.py write, and a torch point that failed
+    as a dash with the reason bench/torch_baseline.py recorded;
   * scripts/ab_moe.sh and bench/ab_compare.py: rounds alternate between builds, ratios are best
     round over the base's best round, and only ratios beyond both builds' round spreads are marked
     (with stand-in bench_moe executables that write known times).
@@ -118,6 +119,29 @@ class SummaryPeerColumn(unittest.TestCase):
         peer = {"peer": PEER, "available": True, "complete": False,
                 "rows": [{"shape": "gpt-oss-20b", "tokens": 1, "us": 50.0, "rel_l2": 2e-3}]}
         self.assertIn("peer run incomplete", summary({"bench_moe.json": moe, "peer.json": peer}))
+
+    def test_a_torch_point_that_failed_is_a_dash_with_the_reason(self):
+        # Kimi-K2 at T = 16384 does not fit torch's BF16 layer and its graphs in an H100's 80 GB.
+        moe = {"gpu": "NVIDIA H100", "copy_tbps": 3.0, "bf16_tflops": 740, "peer": PEER,
+               "rows": [moe_row("kimi-k2", 8192, 12500.0, 15000.0), dict(moe_row("kimi-k2", 16384, 22000.0, 26000.0),
+                                                                         torch_bf16_us=None)]}
+        torch = {"gpu": "NVIDIA H100", "copy_tbps": 3.0, "bf16_tflops": 740,
+                 "rows": [{"shape": "kimi-k2", "tokens": 8192, "us": 25000.0}],
+                 "failed": [{"shape": "kimi-k2", "tokens": 16384, "error": "OutOfMemoryError: CUDA out of memory."}]}
+        text = summary({"bench_moe.json": moe, "torch.json": torch})
+        row = next(line for line in text.splitlines() if re.match(r"\s+kimi-k2\s+16384\s", line))
+        self.assertRegex(row, r"%\s+-\s+-\s+26000\.0\s+0\.85\s")
+        self.assertNotIn("0.00x", text)
+        self.assertIn("torch did not run at kimi-k2 T=16384: OutOfMemoryError: CUDA out of memory.", text)
+        self.assertNotIn("torch did not run at kimi-k2 T=8192", text)
+        self.assertNotIn("not measured in this run", text)
+
+    def test_no_torch_baseline_is_said_once(self):
+        moe = {"gpu": "NVIDIA H100", "copy_tbps": 3.0, "peer": PEER,
+               "rows": [dict(moe_row("qwen3-30b-a3b", 1, 24.0, 44.0), torch_bf16_us=None)]}
+        text = summary({"bench_moe.json": moe})
+        self.assertIn("torch BF16 baseline not measured in this run (no torch.json)", text)
+        self.assertNotIn("torch did not run at", text)
 
     def test_peer_alone(self):
         peer = {"peer": None, "available": False, "reason": "no CUDA device", "rows": []}
