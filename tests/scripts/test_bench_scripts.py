@@ -6,7 +6,9 @@
     as a dash with the reason bench/torch_baseline.py recorded;
   * scripts/ab_moe.sh and bench/ab_compare.py: rounds alternate between builds, ratios are best
     round over the base's best round, and only ratios beyond both builds' round spreads are marked
-    (with stand-in bench_moe executables that write known times).
+    (with stand-in bench_moe executables that write known times);
+  * scripts/profile_moe.sh and bench/ncu_durations.py: one forward's kernels and durations per
+    point, the full profile, failures and usage errors (with a stand-in ncu).
     python3 tests/scripts/test_bench_scripts.py
 """
 import ast
@@ -280,6 +282,105 @@ class AbScript(unittest.TestCase):
                 self.assertEqual(run.returncode, 2, args)
                 self.assertIn(message, run.stderr, args)
 
+
+
+# A stand-in for ncu: writes the CSV ncu writes for `--csv --print-units base --metrics
+# gpu__time_duration.sum` (one forward and the start of the next), or fails when the point's shape
+# is "broken"; with --set full it records the call and writes a report file.
+FAKE_NCU = """#!/usr/bin/env python3
+import os, sys
+a = sys.argv[1:]
+with open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "ncu_calls"), "a") as f:
+    f.write(" ".join(a) + "\\n")
+if "--import" in a:
+    print("  Duration  nsecond  12,058,100")
+    sys.exit(0)
+if a[a.index("--shapes") + 1] == "broken":
+    print("==ERROR== the application returned an error code (1)")
+    sys.exit(1)
+if "--set" in a:
+    open(a[a.index("-o") + 1] + ".ncu-rep", "w").write("report")
+    sys.exit(0)
+print("==PROF== Connected to process 1 (bench_moe)")
+print('"ID","Process ID","Process Name","Host Name","Kernel Name","Context","Stream","Block Size","Grid Size",'
+      '"Device","CC","Section Name","Metric Name","Metric Unit","Metric Value"')
+kernels = [("void unnamed>::route_kernel<4>(const void *, bool, routing_config)", "44,768"),
+           ("unnamed>::schedule_kernel(int, int, long, moe_workspace)", "4,928"),
+           ("unnamed>::gather_sorted_rows_kernel(const unsigned short *, int, long)", "226,016"),
+           ("void moe_gemm_prefill_kernel<prefill_tile<176, 4, 5, 3, 2>, 1>(gemm_weights)", "1,204,928"),
+           ("void moe_gemm_prefill_kernel<prefill_tile<176, 4, 5, 3, 2>, 1>(gemm_weights)", "790,688"),
+           ("unnamed>::combine_kernel(long, int, long, const int *)", "196,064"),
+           ("void unnamed>::route_kernel<4>(const void *, bool, routing_config)", "43,392")]
+for i, (k, ns) in enumerate(kernels):
+    print(f'"{i}","1","bench_moe","h","{k}","1","7","(128, 1, 1)","(64, 1, 1)","0","9.0",'
+          f'"Command line profiler metrics","gpu__time_duration.sum","nsecond","{ns}"')
+"""
+
+
+class ProfileScript(unittest.TestCase):
+    def setUp(self):
+        self.dir = tempfile.TemporaryDirectory()
+        d = self.dir.name
+        for name, text in (("ncu", FAKE_NCU), ("bench_moe", "#!/bin/sh\nexit 0\n")):
+            with open(os.path.join(d, name), "w") as f:
+                f.write(text)
+            os.chmod(os.path.join(d, name), 0o755)
+        self.env = dict(os.environ, PATH=d + os.pathsep + os.environ["PATH"])
+
+    def tearDown(self):
+        self.dir.cleanup()
+
+    def run_profile(self, *args):
+        d = self.dir.name
+        return subprocess.run(["bash", os.path.join(ROOT, "scripts", "profile_moe.sh"), "--bin",
+                               os.path.join(d, "bench_moe"), "--out", os.path.join(d, "prof"), *args],
+                              capture_output=True, text=True, env=self.env)
+
+    def test_one_forward_per_point_with_its_sum(self):
+        run = self.run_profile("qwen3-30b-a3b:16384")
+        self.assertEqual(run.returncode, 0, run.stderr)
+        self.assertRegex(run.stdout, r"route_kernel<4>\s+44\.8 us")
+        self.assertRegex(run.stdout, r"moe_gemm_prefill_kernel<prefill_tile<176, 4, 5, 3, 2>, 1>\s+790\.7 us")
+        self.assertRegex(run.stdout, r"sum\s+2467\.4 us")
+        self.assertNotIn("43.4", run.stdout)  # the next forward's first kernel
+        with open(os.path.join(self.dir.name, "prof", "qwen3-30b-a3b_16384.json")) as f:
+            out = json.load(f)
+        self.assertEqual([k for k, _ in out["kernels"]][:3], ["route_kernel<4>", "schedule_kernel",
+                                                                "gather_sorted_rows_kernel"])
+        self.assertEqual(len(out["kernels"]), 6)
+        with open(os.path.join(self.dir.name, "ncu_calls")) as f:
+            call = f.read()
+        self.assertIn("--shapes qwen3-30b-a3b --tokens 16384 --iters 1", call)
+        self.assertIn("--launch-count 10", call)
+
+    def test_full_profile_of_the_matching_kernels(self):
+        run = self.run_profile("--full", "moe_gemm_prefill", "kimi-k2:2048")
+        self.assertEqual(run.returncode, 0, run.stderr)
+        self.assertTrue(os.path.exists(os.path.join(self.dir.name, "prof", "kimi-k2_2048_full.ncu-rep")))
+        self.assertIn("Duration", run.stdout)
+        with open(os.path.join(self.dir.name, "ncu_calls")) as f:
+            self.assertIn("--set full --import-source yes --clock-control none --kernel-name regex:moe_gemm_prefill",
+                          f.read())
+
+    def test_a_failing_point_is_reported_and_the_rest_profiled(self):
+        run = self.run_profile("broken:8", "gpt-oss-120b:2048")
+        self.assertEqual(run.returncode, 1)
+        self.assertIn("profile_moe: broken T=8 failed", run.stderr)
+        self.assertTrue(os.path.exists(os.path.join(self.dir.name, "prof", "gpt-oss-120b_2048.json")))
+
+    def test_usage_errors(self):
+        for args, message in [([], "name at least one point SHAPE:T"),
+                              (["qwen3-30b-a3b"], "unknown argument 'qwen3-30b-a3b'"),
+                              (["qwen3-30b-a3b:0"], "T must be a positive integer"),
+                              (["Bad_Shape:8"], "expected SHAPE:T"),
+                              (["--full"], "--full needs a value")]:
+            run = self.run_profile(*args)
+            self.assertEqual(run.returncode, 2, args)
+            self.assertIn(message, run.stderr, args)
+        run = subprocess.run(["bash", os.path.join(ROOT, "scripts", "profile_moe.sh"), "--bin", "/no/such/bench_moe",
+                              "qwen3-30b-a3b:8"], capture_output=True, text=True, env=self.env)
+        self.assertEqual(run.returncode, 2)
+        self.assertIn("'/no/such/bench_moe' is not an executable bench_moe", run.stderr)
 
 if __name__ == "__main__":
     unittest.main(verbosity=2)
