@@ -79,6 +79,11 @@ def summary(files):
     return run.stdout
 
 
+def table_row(text, shape, tokens):
+    """The summary table's line of one point."""
+    return next(line for line in text.splitlines() if re.match(rf"\s+{re.escape(shape)}\s+{tokens}\s", line))
+
+
 PEER = {"name": "triton_kernels matmul_ogs (vLLM 0.33.0)", "version": "vllm==0.33.0; triton 3.6.0; torch 2.11.0"}
 
 
@@ -92,9 +97,9 @@ class SummaryPeerColumn(unittest.TestCase):
         text = summary({"bench_moe.json": moe, "peer.json": peer})
         self.assertIn("peer_us", text)
         self.assertIn("mx/peer", text)
-        row1 = next(line for line in text.splitlines() if re.match(r"\s+gpt-oss-120b\s+1\s", line))
+        row1 = table_row(text, "gpt-oss-120b", 1)
         self.assertRegex(row1, r"\s64\.0\s+0\.62\s")  # 40 / 64
-        row8 = next(line for line in text.splitlines() if re.match(r"\s+gpt-oss-120b\s+8\s", line))
+        row8 = table_row(text, "gpt-oss-120b", 8)
         self.assertRegex(row8, r"\s-\s+-\s")
         self.assertIn("peer did not run at gpt-oss-120b T=8: OutOfMemoryError: no room", text)
         self.assertIn("max 3.30e-03 (gpt-oss-120b T=1)", text)
@@ -107,7 +112,7 @@ class SummaryPeerColumn(unittest.TestCase):
                "rows": [moe_row("qwen3-30b-a3b", 1, 30.0, None)]}
         text = summary({"bench_moe.json": moe})
         self.assertIn("peer did not run: .peer/triton_kernels is absent: run scripts/fetch_peer.sh", text)
-        row = next(line for line in text.splitlines() if re.match(r"\s+qwen3-30b-a3b\s+1\s", line))
+        row = table_row(text, "qwen3-30b-a3b", 1)
         self.assertRegex(row, r"\s-\s+-\s")
 
     def test_results_without_a_peer_field_say_so(self):
@@ -131,7 +136,7 @@ class SummaryPeerColumn(unittest.TestCase):
                  "rows": [{"shape": "kimi-k2", "tokens": 8192, "us": 25000.0}],
                  "failed": [{"shape": "kimi-k2", "tokens": 16384, "error": "OutOfMemoryError: CUDA out of memory."}]}
         text = summary({"bench_moe.json": moe, "torch.json": torch})
-        row = next(line for line in text.splitlines() if re.match(r"\s+kimi-k2\s+16384\s", line))
+        row = table_row(text, "kimi-k2", 16384)
         self.assertRegex(row, r"%\s+-\s+-\s+26000\.0\s+0\.85\s")
         self.assertNotIn("0.00x", text)
         self.assertIn("torch did not run at kimi-k2 T=16384: OutOfMemoryError: CUDA out of memory.", text)
