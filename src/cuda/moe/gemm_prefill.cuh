@@ -46,9 +46,9 @@
 //
 // Limits (launchers check): K a multiple of 32, rows a multiple of 16 (layout::sm90_fragment),
 // B rows and weights 16-byte aligned, at least one B row; tiles as routing.cu's schedule writes
-// them with tokens_per_tile = NMAX. Two tiles (one translation unit each):
-// prefill_narrow_tile for up to 48 pairs per expert (weight streaming: deep weight ring),
-// prefill_wide_tile above; each with and without the per-fragment test of the scale bytes
+// them with tokens_per_tile = NMAX. Three tiles (one translation unit each):
+// prefill_narrow_tile for up to 48 pairs per expert (weight streaming), prefill_mid_tile up to
+// 72, prefill_wide_tile above; each with and without the per-fragment test of the scale bytes
 // (gemm_weights::scales_in_range).
 // A programmatic dependent launch (pdl.cuh): every CTA waits for the previous kernel after
 // initialising its barriers, before any global memory access.
@@ -148,16 +148,25 @@ struct prefill_tile {
   static_assert(SMEM_BYTES <= 232448, "sm_90 dynamic shared memory per block");
 };
 
-// The two instantiations (one per translation unit); rings sized to fill the 227 KB.
+// The three instantiations (one per translation unit); rings sized to fill the 227 KB.
 // Narrow, 8..48 pairs per expert (weight streaming): four consumer warpgroups (256 rows, 112
 // registers), because with three the consumers' issue stream, not the tensor cores or the
-// memory, set the pace (no warp eligible in half the cycles, docs/performance.md); one K-step of
-// stagger, so the lagging warpgroups hold few weight slots of the five.
-using prefill_narrow_tile = prefill_tile<64, 5, 5, 4, 1>;
+// memory, set the pace (no warp eligible in half the cycles, docs/performance.md).
+// Rings: an activation slot is released only when all four warpgroups have read it, so the B
+// ring bounds how far the leading warpgroup runs ahead of the last one: with 5 slots and the
+// warpgroups 1 K-step apart it kept 2 slots of slack, and one warpgroup's epilogue stalled the
+// others. 9 activation slots (B slots are small here) and 4 weight stages (16 K-steps ahead) let
+// them stay 2 K-steps apart: 0.97-0.99 of the layer time at Qwen3-30B-A3B T = 512 and Kimi-K2
+// T = 512-2048 (docs/performance.md, eighteenth session).
+using prefill_narrow_tile = prefill_tile<64, 4, 9, 4, 2>;
 // Mid, 49..72 pairs per expert: the same warps; 96 pairs, because a 112-wide accumulator does not
-// fit 112 registers without serializing the wgmmas (ptxas C7512).
-using prefill_mid_tile = prefill_tile<96, 4, 5, 4, 1>;
-using prefill_wide_tile = prefill_tile<176, 4, 5, 3, 2>;  // more: tensor-core bound (176: 156 of 160 registers, no spills)
+// fit 112 registers without serializing the wgmmas (ptxas C7512). Rings as the narrow tile's.
+using prefill_mid_tile = prefill_tile<96, 3, 9, 4, 2>;
+// Wide, beyond 72 (tensor-core bound; 176: 156 of 160 registers, no spills). 3 weight stages and
+// 6 activation slots took Qwen3-30B-A3B's GEMM2 at T = 16384 from 793 to 762 µs (ncu), but the
+// layer at gpt-oss-120b T = 16384 ran 3-8 % slower on two H100s (not on the H200, and not in the
+// kernels' ncu durations): kept at 4 and 5 until that is understood (docs/performance.md).
+using prefill_wide_tile = prefill_tile<176, 4, 5, 3, 2>;
 
 // The kernel's tensor maps (prefill_launch.cu encodes them for every launch).
 template <int WIDTHS>
