@@ -9,14 +9,15 @@
 #   scripts/profile_moe.sh --full moe_gemm_prefill kimi-k2:2048
 #
 # Writes DIR/<shape>_<T>.csv (ncu's CSV), DIR/<shape>_<T>.json (bench/ncu_durations.py: the first
-# forward's kernels and µs) and with --full DIR/<shape>_<T>_full.ncu-rep and _full.txt (the
-# details page). Defaults: bench_moe from ${MXMOE_BIN:-build/bin}, DIR = ${OUT:-.}/profile.
+# forward's kernels and µs) and with --full DIR/<shape>_<T>_full.ncu-rep, _full.txt (the details
+# page) and _full_source.csv (the source page: per SASS instruction, its stall samples).
+# Defaults: bench_moe from ${MXMOE_BIN:-build/bin}, DIR = ${OUT:-.}/profile.
 # Exit status: 0 when every point was profiled, 1 when one failed (the rest still run), 2 on a
 # usage error.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
-usage() { sed -n '2,15p' "$0" | sed 's/^# \{0,1\}//'; }
+usage() { sed -n '2,16p' "$0" | sed 's/^# \{0,1\}//'; }
 die() { echo "profile_moe.sh: $*" >&2; exit 2; }
 
 BENCH=${MXMOE_BIN:-build/bin}/bench_moe
@@ -63,7 +64,8 @@ for pt in "${points[@]}"; do
   if [ -n "$FULL" ]; then
     if ncu --set full --import-source yes --clock-control none --kernel-name "regex:$FULL" --launch-count 2 \
         -f -o "${base}_full" "$BENCH" --shapes "$shape" --tokens "$tokens" --iters 1 >"${base}_full.log" 2>&1 &&
-       ncu --import "${base}_full.ncu-rep" --page details --print-units base >"${base}_full.txt" 2>&1; then
+       ncu --import "${base}_full.ncu-rep" --page details --print-units base >"${base}_full.txt" 2>&1 &&
+       ncu --import "${base}_full.ncu-rep" --page source --csv --print-source sass >"${base}_full_source.csv" 2>&1; then
       grep -E "Duration|Registers Per|Issue Slots Busy|DRAM Throughput|Compute \(SM\) Throughput|No Eligible" \
         "${base}_full.txt" | head -12
     else

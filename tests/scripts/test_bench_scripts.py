@@ -362,10 +362,12 @@ class ProfileScript(unittest.TestCase):
         run = self.run_profile("--full", "moe_gemm_prefill", "kimi-k2:2048")
         self.assertEqual(run.returncode, 0, run.stderr)
         self.assertTrue(os.path.exists(os.path.join(self.dir.name, "prof", "kimi-k2_2048_full.ncu-rep")))
+        self.assertTrue(os.path.exists(os.path.join(self.dir.name, "prof", "kimi-k2_2048_full_source.csv")))
         self.assertIn("Duration", run.stdout)
         with open(os.path.join(self.dir.name, "ncu_calls")) as f:
-            self.assertIn("--set full --import-source yes --clock-control none --kernel-name regex:moe_gemm_prefill",
-                          f.read())
+            calls = f.read()
+        self.assertIn("--set full --import-source yes --clock-control none --kernel-name regex:moe_gemm_prefill", calls)
+        self.assertIn("--page source --csv --print-source sass", calls)
 
     def test_a_failing_point_is_reported_and_the_rest_profiled(self):
         run = self.run_profile("broken:8", "gpt-oss-120b:2048")

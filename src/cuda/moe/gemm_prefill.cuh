@@ -46,9 +46,9 @@
 //
 // Limits (launchers check): K a multiple of 32, rows a multiple of 16 (layout::sm90_fragment),
 // B rows and weights 16-byte aligned, at least one B row; tiles as routing.cu's schedule writes
-// them with tokens_per_tile = NMAX. Two tiles (one translation unit each):
-// prefill_narrow_tile for up to 48 pairs per expert (weight streaming: deep weight ring),
-// prefill_wide_tile above; each with and without the per-fragment test of the scale bytes
+// them with tokens_per_tile = NMAX. Three tiles (one translation unit each):
+// prefill_narrow_tile for up to 48 pairs per expert (weight streaming), prefill_mid_tile up to
+// 72, prefill_wide_tile above; each with and without the per-fragment test of the scale bytes
 // (gemm_weights::scales_in_range).
 // A programmatic dependent launch (pdl.cuh): every CTA waits for the previous kernel after
 // initialising its barriers, before any global memory access.
@@ -148,16 +148,25 @@ struct prefill_tile {
   static_assert(SMEM_BYTES <= 232448, "sm_90 dynamic shared memory per block");
 };
 
-// The two instantiations (one per translation unit); rings sized to fill the 227 KB.
+// The three instantiations (one per translation unit); rings sized to fill the 227 KB.
 // Narrow, 8..48 pairs per expert (weight streaming): four consumer warpgroups (256 rows, 112
 // registers), because with three the consumers' issue stream, not the tensor cores or the
-// memory, set the pace (no warp eligible in half the cycles, docs/performance.md); one K-step of
-// stagger, so the lagging warpgroups hold few weight slots of the five.
-using prefill_narrow_tile = prefill_tile<64, 5, 5, 4, 1>;
+// memory, set the pace (no warp eligible in half the cycles, docs/performance.md).
+// Rings: an activation slot is released only when all four warpgroups have read it, so the B
+// ring bounds how far the leading warpgroup runs ahead of the last one: with 5 slots and the
+// warpgroups 1 K-step apart it kept 2 slots of slack, and one warpgroup's epilogue stalled the
+// others. 9 activation slots (B slots are small here) and 4 weight stages (16 K-steps ahead) let
+// them stay 2 K-steps apart: 0.97-0.99 of the layer time at Qwen3-30B-A3B T = 512 and Kimi-K2
+// T = 512-2048 (docs/performance.md, eighteenth session).
+using prefill_narrow_tile = prefill_tile<64, 4, 9, 4, 2>;
 // Mid, 49..72 pairs per expert: the same warps; 96 pairs, because a 112-wide accumulator does not
-// fit 112 registers without serializing the wgmmas (ptxas C7512).
-using prefill_mid_tile = prefill_tile<96, 4, 5, 4, 1>;
-using prefill_wide_tile = prefill_tile<176, 4, 5, 3, 2>;  // more: tensor-core bound (176: 156 of 160 registers, no spills)
+// fit 112 registers without serializing the wgmmas (ptxas C7512). Rings as the narrow tile's.
+using prefill_mid_tile = prefill_tile<96, 3, 9, 4, 2>;
+// Wide, beyond 72 (tensor-core bound; 176: 156 of 160 registers, no spills). 3 weight stages and
+// 6 activation slots took Qwen3-30B-A3B's GEMM2 at T = 16384 from 793 to 762 µs (ncu), but the
+// layer at gpt-oss-120b T = 16384 ran 3-8 % slower on two H100s (not on the H200, and not in the
+// kernels' ncu durations): kept at 4 and 5 until that is understood (docs/performance.md).
+using prefill_wide_tile = prefill_tile<176, 4, 5, 3, 2>;
 
 // The kernel's tensor maps (prefill_launch.cu encodes them for every launch).
 template <int WIDTHS>
@@ -182,6 +191,12 @@ template <class Cfg>
 struct prefill_smem {
   uint8_t* base;  // 1024-byte aligned
   __device__ uint8_t* b_slot(int s) const { return base + s * Cfg::B_STAGE_BYTES; }
+  // The wgmma descriptor of B slot s: slot 0's plus s slots in the start-address field (16-byte
+  // units; shared addresses stay below 2^18, so the field never carries). Built from the slot's
+  // address and its k16 steps as `hi | (lo + 2 j)`, a K-step took 8 uniform instructions more.
+  __device__ uint64_t b_desc(int s) const {
+    return detail::sw128_desc(base) + static_cast<uint64_t>(s * (Cfg::B_STAGE_BYTES >> 4));
+  }
   __device__ uint8_t* a_slot(int s) const { return base + Cfg::A_OFFSET + s * Cfg::A_STAGE_BYTES; }
   __device__ uint8_t* epilogue_stage(int warp) const { return base + Cfg::STAGE_OFFSET + warp * kEpilogueStageBytes; }
   __device__ uint64_t* bar(int i) const { return reinterpret_cast<uint64_t*>(base + Cfg::BAR_OFFSET) + i; }
@@ -249,11 +264,9 @@ __device__ __forceinline__ void release_activations(const prefill_smem<Cfg>& sm,
 template <int N>
 __device__ __forceinline__ void wgmma_kstep(const uint32_t (&a)[4][4], uint64_t desc, float* acc) {
   cute::warpgroup_arrive();
-  const uint32_t lo = static_cast<uint32_t>(desc);
-  const uint64_t hi = desc & ~uint64_t{0xFFFFFFFFu};
 #pragma unroll
   for (int j = 0; j < 4; ++j)
-    detail::wgmma_call<N>(a[j], hi | (lo + 2 * j), acc, std::make_index_sequence<N / 2>{});
+    detail::wgmma_call<N>(a[j], desc + 2 * j, acc, std::make_index_sequence<N / 2>{});
   cute::warpgroup_commit_batch();
 }
 // The instruction for widths LO..HI (in N_STEP units) picked by bisection: about log2(WIDTHS)
@@ -289,9 +302,9 @@ __device__ __forceinline__ void mma_kstep(const prefill_smem<Cfg>& sm, int n16, 
 #pragma unroll
     for (int r = 0; r < 4; ++r) cute::warpgroup_fence_operand(a[j][r]);
   if constexpr (FULL)
-    wgmma_kstep<Cfg::NMAX>(a, detail::sw128_desc(sm.b_slot(b.slot)), acc);
+    wgmma_kstep<Cfg::NMAX>(a, sm.b_desc(b.slot), acc);
   else
-    wgmma_kstep<Cfg, 1, Cfg::FULL_WIDTH_LOOP ? Cfg::WIDTHS - 1 : Cfg::WIDTHS>(n16, a, detail::sw128_desc(sm.b_slot(b.slot)), acc);
+    wgmma_kstep<Cfg, 1, Cfg::FULL_WIDTH_LOOP ? Cfg::WIDTHS - 1 : Cfg::WIDTHS>(n16, a, sm.b_desc(b.slot), acc);
   cute::warpgroup_wait<1>();
 #pragma unroll
   for (int i = 0; i < Cfg::NMAX / 2; ++i) cute::warpgroup_fence_operand(acc[i]);
