@@ -10,14 +10,15 @@
 #
 # Writes DIR/<shape>_<T>.csv (ncu's CSV), DIR/<shape>_<T>.json (bench/ncu_durations.py: the first
 # forward's kernels and µs) and with --full DIR/<shape>_<T>_full.ncu-rep, _full.txt (the details
-# page) and _full_source.csv (the source page: per SASS instruction, its stall samples).
+# page), _full_source.csv (the source page: per SASS instruction, its stall samples) and
+# _full_source.json (bench/ncu_source.py: samples by stall reason, by opcode, the top instructions).
 # Defaults: bench_moe from ${MXMOE_BIN:-build/bin}, DIR = ${OUT:-.}/profile.
 # Exit status: 0 when every point was profiled, 1 when one failed (the rest still run), 2 on a
 # usage error.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
-usage() { sed -n '2,16p' "$0" | sed 's/^# \{0,1\}//'; }
+usage() { sed -n '2,17p' "$0" | sed 's/^# \{0,1\}//'; }
 die() { echo "profile_moe.sh: $*" >&2; exit 2; }
 
 BENCH=${MXMOE_BIN:-build/bin}/bench_moe
@@ -68,6 +69,8 @@ for pt in "${points[@]}"; do
        ncu --import "${base}_full.ncu-rep" --page source --csv --print-source sass >"${base}_full_source.csv" 2>&1; then
       grep -E "Duration|Registers Per|Issue Slots Busy|DRAM Throughput|Compute \(SM\) Throughput|No Eligible" \
         "${base}_full.txt" | head -12
+      python3 bench/ncu_source.py "${base}_full_source.csv" --top 12 --json "${base}_full_source.json" ||
+        echo "profile_moe: no stall samples in ${base}_full_source.csv" >&2
     else
       echo "profile_moe: the full profile of $shape T=$tokens failed (${base}_full.log)" >&2
       status=1

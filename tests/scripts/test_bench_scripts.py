@@ -8,7 +8,9 @@
     round over the base's best round, and only ratios beyond both builds' round spreads are marked
     (with stand-in bench_moe executables that write known times);
   * scripts/profile_moe.sh and bench/ncu_durations.py: one forward's kernels and durations per
-    point, the full profile, failures and usage errors (with a stand-in ncu).
+    point, the full profile, failures and usage errors (with a stand-in ncu);
+  * bench/ncu_source.py: a kernel's stall samples by reason, by opcode and per instruction, from
+    the source page.
     python3 tests/scripts/test_bench_scripts.py
 """
 import ast
@@ -289,14 +291,35 @@ class AbScript(unittest.TestCase):
 
 
 
+# The source page ncu writes for `--page source --csv --print-source sass`: one block per kernel
+# (its name, a header, one row per instruction), columns as Nsight Compute 2025 names them.
+SOURCE_CSV = "\n".join([
+    '"Kernel Name","void moe_gemm_prefill_kernel<prefill_tile<64, 4, 9, 4, 2>, 1>(gemm_weights)",',
+    '"Address","Source","Warp Stall Sampling (All Samples)","Warp Stall Sampling (Not-issued Samples)",'
+    '"stall_long_sb","stall_wait","stall_wait (Not Issued)","stall_selected"',
+    '"0x7f00","@!P0  BRA 0x7f40","40","40","40","0","0","0"',
+    '"0x7f10","UIADD3 UR18, UR20, 0x1, URZ","30","20","0","20","5","10"',
+    '"0x7f20","ULEA UR19, UR20, UR16, 0x3","10","10","0","10","0","0"',
+    '"0x7f30","HGMMA.64x64x16.F32.BF16 R24, R56, gdesc[UR16], R24","20","10","0","10","0","10"',
+    '"0x7f40","EXIT","0","0","0","0","0","0"',
+    '"Kernel Name","void combine_kernel(long)",',
+    '"Address","Source","Warp Stall Sampling (All Samples)","stall_long_sb"',
+    '"0x100","LDG.E R2, [R4.64]","5","5"',
+])
+
 # A stand-in for ncu: writes the CSV ncu writes for `--csv --print-units base --metrics
 # gpu__time_duration.sum` (one forward and the start of the next), or fails when the point's shape
-# is "broken"; with --set full it records the call and writes a report file.
+# is "broken"; with --set full it records the call and writes a report file; --page source prints
+# SOURCE_CSV.
 FAKE_NCU = """#!/usr/bin/env python3
 import os, sys
+SOURCE_CSV = """ + repr(SOURCE_CSV) + """
 a = sys.argv[1:]
 with open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "ncu_calls"), "a") as f:
     f.write(" ".join(a) + "\\n")
+if "--import" in a and a[a.index("--page") + 1] == "source":
+    print(SOURCE_CSV)
+    sys.exit(0)
 if "--import" in a:
     print("  Duration  nsecond  12,058,100")
     sys.exit(0)
@@ -364,6 +387,8 @@ class ProfileScript(unittest.TestCase):
         self.assertTrue(os.path.exists(os.path.join(self.dir.name, "prof", "kimi-k2_2048_full.ncu-rep")))
         self.assertTrue(os.path.exists(os.path.join(self.dir.name, "prof", "kimi-k2_2048_full_source.csv")))
         self.assertIn("Duration", run.stdout)
+        self.assertIn("reasons: long_sb 40.0%, wait 40.0%, selected 20.0%", run.stdout)
+        self.assertTrue(os.path.exists(os.path.join(self.dir.name, "prof", "kimi-k2_2048_full_source.json")))
         with open(os.path.join(self.dir.name, "ncu_calls")) as f:
             calls = f.read()
         self.assertIn("--set full --import-source yes --clock-control none --kernel-name regex:moe_gemm_prefill", calls)
@@ -388,6 +413,45 @@ class ProfileScript(unittest.TestCase):
                               "qwen3-30b-a3b:8"], capture_output=True, text=True, env=self.env)
         self.assertEqual(run.returncode, 2)
         self.assertIn("'/no/such/bench_moe' is not an executable bench_moe", run.stderr)
+
+
+class NcuSource(unittest.TestCase):
+    def setUp(self):
+        self.dir = tempfile.TemporaryDirectory()
+        self.csv = os.path.join(self.dir.name, "source.csv")
+        with open(self.csv, "w") as f:
+            f.write(SOURCE_CSV + "\n")
+
+    def tearDown(self):
+        self.dir.cleanup()
+
+    def run_tool(self, *args):
+        return subprocess.run([sys.executable, os.path.join(ROOT, "bench", "ncu_source.py"), *args],
+                              capture_output=True, text=True)
+
+    def test_shares_by_reason_opcode_and_instruction(self):
+        out = os.path.join(self.dir.name, "s.json")
+        run = self.run_tool(self.csv, "--top", "2", "--json", out)
+        self.assertEqual(run.returncode, 0, run.stderr)
+        with open(out) as f:
+            gemm, combine = json.load(f)
+        self.assertEqual(gemm["samples"], 100)
+        # "(Not Issued)" columns are a subset of their reason's samples, not a reason of their own.
+        self.assertEqual(gemm["reasons"], [["long_sb", 40.0], ["wait", 40.0], ["selected", 20.0]])
+        # Predicates are not opcodes; uniform-datapath opcodes are one kind.
+        self.assertEqual(gemm["kinds"], [["BRA", 40.0], ["U*", 40.0], ["HGMMA", 20.0]])
+        self.assertEqual([t["source"] for t in gemm["top"]], ["@!P0  BRA 0x7f40", "UIADD3 UR18, UR20, 0x1, URZ"])
+        self.assertEqual(gemm["top"][1]["reasons"], [["wait", 20.0], ["selected", 10.0]])
+        self.assertEqual(combine["kinds"], [["LDG", 100.0]])
+        self.assertIn("combine_kernel", run.stdout)
+
+    def test_a_file_without_source_rows_fails(self):
+        with open(self.csv, "w") as f:
+            f.write("==ERROR== could not open the report\n")
+        run = self.run_tool(self.csv)
+        self.assertEqual(run.returncode, 1)
+        self.assertIn("no source rows", run.stderr)
+
 
 if __name__ == "__main__":
     unittest.main(verbosity=2)
