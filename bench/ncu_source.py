@@ -19,6 +19,8 @@ import json
 import re
 import sys
 
+from ncu_durations import short_name
+
 SAMPLES = "Warp Stall Sampling (All Samples)"
 
 
@@ -95,7 +97,7 @@ def main():
     for name, rows in kernels:
         s = summarize(rows, a.top)
         out.append(dict(kernel=name, **s))
-        print(f"{name[:110]}\n  {s['samples']:.0f} samples")
+        print(f"{short_name(name)}: {s['samples']:.0f} samples")
         print("  reasons: " + ", ".join(f"{k} {v:.1f}%" for k, v in s["reasons"][:8]))
         print("  kinds:   " + ", ".join(f"{k} {v:.1f}%" for k, v in s["kinds"][:10]))
         for t in s["top"]:
