@@ -13,14 +13,19 @@ not explain (with two rounds a point's own spread is too small a sample to judge
 and their column order (default: every build with results, base first); a named build without
 results gets dashes and a note. With --json it writes
 {"base", "builds", "rounds", "noise", "points": [{"shape", "tokens", "us": {build: [rounds]},
-"ratio": {build: r}, "beyond_noise": {build: bool}}]}.
+"ratio": {build: r}, "beyond_noise": {build: bool}}], "clocks": {build: {round: {...}}}}.
+Where DIR also holds runs.txt ("build round start end", epoch seconds) and clocks.csv (nvidia-smi
+--query-gpu=timestamp,clocks.sm,power.draw,... --format=csv,noheader,nounits), both written by
+scripts/ab_moe.sh, the table ends with each run's median and lowest SM clock and highest power.
 Standard library only.
 """
 import argparse
 import json
 import os
 import re
+import statistics
 import sys
+import time
 
 NAME = re.compile(r"^(?P<build>[A-Za-z0-9][A-Za-z0-9.-]*)_(?P<round>\d+)\.json$")
 
@@ -37,6 +42,62 @@ def load_runs(directory):
         points = {(r["shape"], int(r["tokens"])): float(r["us"]) for r in rows if isinstance(r.get("us"), (int, float))}
         runs.setdefault(m["build"], {})[int(m["round"])] = points
     return runs
+
+
+def clock_samples(path):
+    """[(epoch seconds, SM MHz, watts or None)] from nvidia-smi's csv,noheader,nounits lines; its
+    timestamps are the machine's local time, as `date +%s` in runs.txt is."""
+    samples = []
+    for line in open(path):
+        parts = [p.strip() for p in line.split(",")]
+        if len(parts) < 3:
+            continue
+        stamp, _, frac = parts[0].partition(".")
+        try:
+            t = time.mktime(time.strptime(stamp, "%Y/%m/%d %H:%M:%S")) + float("0." + (frac or "0"))
+            mhz = float(parts[1])
+        except ValueError:
+            continue
+        try:
+            watts = float(parts[2])
+        except ValueError:
+            watts = None
+        samples.append((t, mhz, watts))
+    return samples
+
+
+def clock_summary(directory):
+    """{build: {round: {"sm_mhz_median", "sm_mhz_min", "power_w_max", "samples"}}} for the runs in
+    DIR/runs.txt with samples in DIR/clocks.csv; {} without those files."""
+    runs_path, clocks_path = os.path.join(directory, "runs.txt"), os.path.join(directory, "clocks.csv")
+    if not (os.path.exists(runs_path) and os.path.exists(clocks_path)):
+        return {}
+    samples = clock_samples(clocks_path)
+    out = {}
+    for line in open(runs_path):
+        parts = line.split()
+        if len(parts) != 4:
+            continue
+        build, rnd, t0, t1 = parts[0], int(parts[1]), float(parts[2]), float(parts[3])
+        seg = [s for s in samples if t0 <= s[0] <= t1]
+        if not seg:
+            continue
+        watts = [s[2] for s in seg if s[2] is not None]
+        out.setdefault(build, {})[rnd] = {"sm_mhz_median": statistics.median(s[1] for s in seg),
+                                          "sm_mhz_min": min(s[1] for s in seg),
+                                          "power_w_max": max(watts) if watts else None, "samples": len(seg)}
+    return out
+
+
+def print_clocks(clocks, builds, out=sys.stdout):
+    if not clocks:
+        return
+    print("SM clock per run (median / lowest MHz, highest W):", file=out)
+    for b in builds:
+        runs = clocks.get(b, {})
+        cells = [f"r{r} {c['sm_mhz_median']:.0f}/{c['sm_mhz_min']:.0f}"
+                 + (f" {c['power_w_max']:.0f} W" if c["power_w_max"] is not None else "") for r, c in sorted(runs.items())]
+        print(f"  {b:12s} " + ("; ".join(cells) if cells else "no samples"), file=out)
 
 
 def compare(runs, base, builds=None):
@@ -99,11 +160,14 @@ def main(argv=None):
     for b in others:
         if b not in runs:
             print(f"no results for build {b}")
+    clocks = clock_summary(a.dir)
+    print_clocks(clocks, [a.base] + others)
     if a.json:
         rounds = {b: sorted(r) for b, r in runs.items()}
         with open(a.json, "w") as f:
             json.dump({"base": a.base, "builds": [a.base] + others, "rounds": rounds, "noise": noise,
-                       "points": [{k: v for k, v in p.items() if k != "spread"} for p in points]}, f, indent=1)
+                       "points": [{k: v for k, v in p.items() if k != "spread"} for p in points],
+                       "clocks": clocks}, f, indent=1)
     return 0
 
 

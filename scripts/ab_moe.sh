@@ -9,15 +9,18 @@
 #   scripts/ab_moe.sh --tokens 1,8,32 base=old/bin/bench_moe new=build/bin/bench_moe
 #
 # The first build named is the base. Writes DIR/<build>_<round>.json (bench_moe --json),
-# DIR/ab.json (the comparison) and DIR/ab.txt (the table printed last). Defaults: 2 rounds, the
-# six shapes of docs/models.md, T = 1,2,4,8,16,32,64,128, 20 iterations, DIR = ${OUT:-.}/ab.
+# DIR/ab.json (the comparison), DIR/ab.txt (the table printed last), DIR/runs.txt (each run's start
+# and end) and, where nvidia-smi is found, DIR/clocks.csv (SM clock and power every 100 ms; the
+# table then ends with each run's median and lowest SM clock and highest power). Defaults: 2
+# rounds, the six shapes of docs/models.md, T = 1,2,4,8,16,32,64,128, 20 iterations,
+# DIR = ${OUT:-.}/ab.
 # Environment variables such as MXMOE_MOE_PATH apply to every build alike.
 # Exit status: 0 when every run wrote its results, 1 when one failed (the table then covers the
 # rest), 2 on a usage error.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
-usage() { sed -n '2,17p' "$0" | sed 's/^# \{0,1\}//'; }
+usage() { sed -n '2,19p' "$0" | sed 's/^# \{0,1\}//'; }
 die() { echo "ab_moe.sh: $*" >&2; exit 2; }
 
 ROUNDS=2
@@ -51,18 +54,37 @@ done
 [[ $ITERS =~ ^[1-9][0-9]*$ ]] || die "--iters: expected a positive integer, got '$ITERS'"
 
 mkdir -p "$DIR" || die "cannot create '$DIR'"
+# The SM clock and power every 100 ms while the builds run, and when each run started and ended:
+# a build that loses only in the captured layer may be running at a lower clock (power cap).
+rm -f "$DIR/clocks.csv" "$DIR/runs.txt"
+SMI_PID=""
+if command -v nvidia-smi >/dev/null 2>&1; then
+  nvidia-smi --query-gpu=timestamp,clocks.sm,power.draw,temperature.gpu --format=csv,noheader,nounits -lms 100 \
+    >"$DIR/clocks.csv" 2>/dev/null &
+  SMI_PID=$!
+  trap '[ -n "$SMI_PID" ] && kill "$SMI_PID" 2>/dev/null' EXIT
+else
+  echo "ab_moe: nvidia-smi not found: the SM clock is not sampled" >&2
+fi
 status=0
 for ((r = 1; r <= ROUNDS; ++r)); do
   for i in "${!names[@]}"; do
     json=$DIR/${names[$i]}_$r.json
     echo "ab_moe: round $r, ${names[$i]}"
+    t0=$(date +%s.%N)
     if ! "${bins[$i]}" --shapes "$SHAPES" --tokens "$TOKENS" --iters "$ITERS" --json "$json" >"$DIR/${names[$i]}_$r.log" 2>&1; then
       echo "ab_moe: ${names[$i]} failed in round $r (log: $DIR/${names[$i]}_$r.log)" >&2
       rm -f "$json"
       status=1
     fi
+    echo "${names[$i]} $r $t0 $(date +%s.%N)" >>"$DIR/runs.txt"
   done
 done
+if [ -n "$SMI_PID" ]; then
+  kill "$SMI_PID" 2>/dev/null
+  wait "$SMI_PID" 2>/dev/null
+  SMI_PID=""
+fi
 builds=$(IFS=,; echo "${names[*]}")
 python3 bench/ab_compare.py "$DIR" --base "${names[0]}" --builds "$builds" --json "$DIR/ab.json" | tee "$DIR/ab.txt"
 [ "${PIPESTATUS[0]}" -eq 0 ] || status=1

@@ -6,7 +6,8 @@
     as a dash with the reason bench/torch_baseline.py recorded;
   * scripts/ab_moe.sh and bench/ab_compare.py: rounds alternate between builds, ratios are best
     round over the base's best round, and only ratios beyond both builds' round spreads are marked
-    (with stand-in bench_moe executables that write known times);
+    (with stand-in bench_moe executables that write known times); each run's SM clock and power from
+    nvidia-smi's samples inside it (a stand-in nvidia-smi), or a note that it was not sampled;
   * scripts/profile_moe.sh and bench/ncu_durations.py: one forward's kernels and durations per
     point, the full profile, failures and usage errors (with a stand-in ncu);
   * bench/ncu_source.py: a kernel's stall samples by reason, by opcode and per instruction, from
@@ -20,6 +21,7 @@ import re
 import subprocess
 import sys
 import tempfile
+import time
 import unittest
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
@@ -165,7 +167,10 @@ def ab_compare(files, *args):
     with tempfile.TemporaryDirectory() as d:
         for name, obj in files.items():
             with open(os.path.join(d, name), "w") as f:
-                json.dump(obj, f)
+                if isinstance(obj, str):
+                    f.write(obj)
+                else:
+                    json.dump(obj, f)
         run = subprocess.run([sys.executable, os.path.join(ROOT, "bench", "ab_compare.py"), d, *args],
                              capture_output=True, text=True)
         out = None
@@ -215,6 +220,33 @@ class AbCompare(unittest.TestCase):
         row8 = next(l for l in run.stdout.splitlines() if re.match(r"qwen3-30b-a3b\s+8\s", l))
         self.assertRegex(row8, r"\s-\s+-$")
 
+    def test_each_runs_clock_from_the_samples_inside_it(self):
+        stamp = lambda t: time.strftime("%Y/%m/%d %H:%M:%S", time.localtime(t))
+        t = 1_800_000_000  # whole seconds: the samples below fall inside or outside runs exactly
+        files = dict(self.files)
+        files["runs.txt"] = (f"base 1 {t} {t + 2}\nnew 1 {t + 3} {t + 5}\n"
+                             f"base 2 {t + 6} {t + 8}\nnew 2 {t + 9} {t + 11}\n")
+        files["clocks.csv"] = "".join([
+            f"{stamp(t)}.100, 1980, 250.5, 40\n", f"{stamp(t + 1)}.100, 1980, 260.0, 41\n",
+            f"{stamp(t + 1)}.600, 1700, 300.0, 41\n",   # base round 1: median 1980, lowest 1700
+            f"{stamp(t + 2)}.500, 900, 80.0, 40\n",     # between runs: in no run
+            f"{stamp(t + 4)}.000, 1755, [N/A], 42\n",   # new round 1: no power reading
+            f"{stamp(t + 7)}.000, 1980, 255.0, 42\n",   # base round 2
+            "garbage line\n"])                           # new round 2: no samples
+        with tempfile.TemporaryDirectory() as tmp:
+            run, out = ab_compare(files, "--json", os.path.join(tmp, "c.json"))
+        self.assertEqual(run.returncode, 0, run.stderr)
+        self.assertIn("SM clock per run (median / lowest MHz, highest W):", run.stdout)
+        self.assertRegex(run.stdout, r"base\s+r1 1980/1700 300 W; r2 1980/1980 255 W")
+        self.assertRegex(run.stdout, r"new\s+r1 1755/1755\n")
+        self.assertEqual(out["clocks"]["new"], {"1": {"sm_mhz_median": 1755.0, "sm_mhz_min": 1755.0,
+                                                      "power_w_max": None, "samples": 1}})
+
+    def test_no_clock_files_no_clock_lines(self):
+        run, out = ab_compare(self.files)
+        self.assertEqual(run.returncode, 0, run.stderr)
+        self.assertNotIn("SM clock", run.stdout)
+
     def test_unknown_base_and_empty_folder(self):
         run, _ = ab_compare(self.files, "--base", "old")
         self.assertEqual(run.returncode, 2)
@@ -234,15 +266,28 @@ if os.path.basename(__file__) == "broken":
     sys.exit(3)
 tokens = [int(t) for t in a[a.index("--tokens") + 1].split(",")]
 us = {"base": 100.0, "new": 80.0}[os.path.basename(__file__)]
+__import__("time").sleep(0.2)  # long enough for a stand-in nvidia-smi to sample the run
 rows = [{"shape": s, "tokens": t, "us": us * t} for s in a[a.index("--shapes") + 1].split(",") for t in tokens]
 json.dump({"rows": rows}, open(a[a.index("--json") + 1], "w"))
 """
 
 
+# A stand-in for `nvidia-smi --query-gpu=... --format=csv,noheader,nounits -lms 100`: a sample line
+# every 20 ms until it is killed.
+FAKE_SMI = """#!/usr/bin/env python3
+import sys, time
+while True:
+    t = time.time()
+    print(time.strftime("%Y/%m/%d %H:%M:%S", time.localtime(t)) + ".%03d, 1980, 250.0, 40" % (t % 1 * 1000), flush=True)
+    time.sleep(0.02)
+"""
+
+
 class AbScript(unittest.TestCase):
-    def run_ab(self, d, *args):
+    def run_ab(self, d, *args, path=None):
+        env = dict(os.environ, PATH=path) if path else None
         return subprocess.run(["bash", os.path.join(ROOT, "scripts", "ab_moe.sh"), *args], capture_output=True,
-                              text=True, cwd=d)
+                              text=True, cwd=d, env=env)
 
     def fake(self, d, name):
         path = os.path.join(d, name)
@@ -264,15 +309,38 @@ class AbScript(unittest.TestCase):
             row8 = next(l for l in run.stdout.splitlines() if re.match(r"qwen3-30b-a3b\s+8\s", l))
             self.assertRegex(row8, r"\s800\.0\s+1\.000\s+0\.800\*")
 
+    def test_clock_sampled_during_each_run(self):
+        with tempfile.TemporaryDirectory() as d:
+            base, new = self.fake(d, "base"), self.fake(d, "new")
+            smi_dir = os.path.join(d, "bin")
+            os.mkdir(smi_dir)
+            with open(os.path.join(smi_dir, "nvidia-smi"), "w") as f:
+                f.write(FAKE_SMI)
+            os.chmod(os.path.join(smi_dir, "nvidia-smi"), 0o755)
+            out = os.path.join(d, "ab")
+            run = self.run_ab(d, "--rounds", "1", "--shapes", "qwen3-30b-a3b", "--tokens", "1", "--out", out,
+                              f"base={base}", f"new={new}", path=smi_dir + os.pathsep + os.environ["PATH"])
+            self.assertEqual(run.returncode, 0, run.stderr)
+            with open(os.path.join(out, "runs.txt")) as f:
+                self.assertEqual([l.split()[:2] for l in f], [["base", "1"], ["new", "1"]])
+            self.assertRegex(run.stdout, r"base\s+r1 1980/1980 250 W")
+            self.assertRegex(run.stdout, r"new\s+r1 1980/1980 250 W")
+            with open(os.path.join(out, "ab.json")) as f:
+                self.assertGreater(json.load(f)["clocks"]["base"]["1"]["samples"], 0)
+
     def test_a_failing_build_is_reported_and_the_rest_compared(self):
+        # Without nvidia-smi on PATH (even on a GPU machine): the script says the clock is not sampled.
+        no_smi = os.pathsep.join(p for p in os.environ["PATH"].split(os.pathsep)
+                                 if not os.path.exists(os.path.join(p, "nvidia-smi")))
         with tempfile.TemporaryDirectory() as d:
             base, broken = self.fake(d, "base"), self.fake(d, "broken")
             run = self.run_ab(d, "--rounds", "1", "--tokens", "1", "--out", os.path.join(d, "ab"), f"base={base}",
-                              f"broken={broken}")
+                              f"broken={broken}", path=no_smi)
             self.assertEqual(run.returncode, 1)
             self.assertIn("broken failed in round 1", run.stderr)
             self.assertRegex(run.stdout, r"gpt-oss-120b\s+1\s+100\.0\s+1\.000\s+-\s+-")
             self.assertIn("no results for build broken", run.stdout)
+            self.assertIn("nvidia-smi not found: the SM clock is not sampled", run.stderr)
 
     def test_usage_errors(self):
         with tempfile.TemporaryDirectory() as d:
