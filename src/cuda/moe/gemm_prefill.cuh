@@ -189,14 +189,13 @@ void launch_gemm_prefill_wide(const gemm_launch&, const gemm_weights&, const pre
 
 template <class Cfg>
 struct prefill_smem {
-  uint8_t* base;  // 1024-byte aligned
+  uint8_t* base;     // 1024-byte aligned
+  uint64_t b_desc0;  // detail::sw128_desc(base), held (not recomputed from base every K-step)
   __device__ uint8_t* b_slot(int s) const { return base + s * Cfg::B_STAGE_BYTES; }
   // The wgmma descriptor of B slot s: slot 0's plus s slots in the start-address field (16-byte
   // units; shared addresses stay below 2^18, so the field never carries). Built from the slot's
   // address and its k16 steps as `hi | (lo + 2 j)`, a K-step took 8 uniform instructions more.
-  __device__ uint64_t b_desc(int s) const {
-    return detail::sw128_desc(base) + static_cast<uint64_t>(s * (Cfg::B_STAGE_BYTES >> 4));
-  }
+  __device__ uint64_t b_desc(int s) const { return b_desc0 + static_cast<uint64_t>(s * (Cfg::B_STAGE_BYTES >> 4)); }
   __device__ uint8_t* a_slot(int s) const { return base + Cfg::A_OFFSET + s * Cfg::A_STAGE_BYTES; }
   __device__ uint8_t* epilogue_stage(int warp) const { return base + Cfg::STAGE_OFFSET + warp * kEpilogueStageBytes; }
   __device__ uint64_t* bar(int i) const { return reinterpret_cast<uint64_t*>(base + Cfg::BAR_OFFSET) + i; }
@@ -449,7 +448,12 @@ __global__ void __launch_bounds__(Cfg::THREADS, 1)
   // Aligned by offsetting smem_raw itself, so that the compiler still sees shared memory (LDS,
   // not generic loads, for the fragments).
   const uint32_t misalign = static_cast<uint32_t>(__cvta_generic_to_shared(smem_raw)) & 1023u;
-  const prefill_smem<Cfg> sm{smem_raw + ((1024u - misalign) & 1023u)};
+  uint8_t* const base = smem_raw + ((1024u - misalign) & 1023u);
+  // Broadcast from lane 0, the descriptor is a value ptxas keeps in uniform registers; computed
+  // from `base` where it is used, it cost 4 uniform instructions per K-step (SASS).
+  const uint64_t b_desc0 = detail::sw128_desc(base);
+  const prefill_smem<Cfg> sm{base, (static_cast<uint64_t>(static_cast<uint32_t>(warp_uniform(static_cast<int>(b_desc0 >> 32)))) << 32) |
+                                       static_cast<uint32_t>(warp_uniform(static_cast<int>(b_desc0)))};
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   if (threadIdx.x == 0) {
     for (int s = 0; s < Cfg::A_STAGES; ++s) {
