@@ -89,7 +89,7 @@ namespace mxmoe::cuda::sm90 {
 // K-step of bf16, a 128-byte swizzle row.
 inline constexpr int kPrefillBoxCols = 64;
 
-template <int NMAX_, int A_STAGES_, int B_STAGES_, int CONSUMER_GROUPS_, int STAGGER_>
+template <int NMAX_, int A_STAGES_, int B_STAGES_, int CONSUMER_GROUPS_, int STAGGER_, int B_KSTEPS_ = 1>
 struct prefill_tile {
   static constexpr int CONSUMER_GROUPS = CONSUMER_GROUPS_;  // warpgroups of 64 weight rows
   static constexpr int CONSUMER_WARPS = 4 * CONSUMER_GROUPS;
@@ -105,6 +105,9 @@ struct prefill_tile {
   static constexpr int WIDTHS = NMAX / N_STEP;
   static constexpr int A_STAGES = A_STAGES_, B_STAGES = B_STAGES_;
   static constexpr int A_KSTEPS = 4;  // K-steps per weight stage
+  // K-steps per activation slot (one TMA box each, one barrier for the slot): with 2, a consumer
+  // waits for, releases and advances the B ring every other K-step.
+  static constexpr int B_KSTEPS = B_KSTEPS_;
   // Consumer warpgroup h starts h * STAGGER K-steps behind warpgroup 0, so that they do not
   // reach an item's first conversion and its epilogue at the same time. The B ring bounds how far
   // warpgroup 0 may run ahead: STAGGER * (CONSUMER_GROUPS - 1) K-steps must leave it a slot.
@@ -116,7 +119,8 @@ struct prefill_tile {
   static constexpr int A_CODE_BYTES = ROW_TILES * A_KSTEPS * TILE_CODES;
   static constexpr int A_STAGE_BYTES = A_CODE_BYTES + ROW_TILES * A_KSTEPS * TILE_SCALES;
   static constexpr int B_ROW_BYTES = kPrefillBoxCols * 2;
-  static constexpr int B_STAGE_BYTES = NMAX * B_ROW_BYTES;
+  static constexpr int B_KSTEP_BYTES = NMAX * B_ROW_BYTES;
+  static constexpr int B_STAGE_BYTES = B_KSTEPS * B_KSTEP_BYTES;
   // The producer warpgroup follows the consumers: warp 0 of it loads weights, warp 1 activations.
   static constexpr int WEIGHT_WARP = CONSUMER_WARPS, ACTIVATION_WARP = CONSUMER_WARPS + 1;
   static constexpr int THREADS = 32 * CONSUMER_WARPS + 128;
@@ -136,13 +140,15 @@ struct prefill_tile {
   static constexpr int STAGE_OFFSET = A_OFFSET + A_STAGES * A_STAGE_BYTES;
   static constexpr int BAR_OFFSET = STAGE_OFFSET + CONSUMER_WARPS * kEpilogueStageBytes;
   static constexpr int SMEM_BYTES = 1024 + BAR_OFFSET + 2 * (A_STAGES + B_STAGES) * 8;
-  static_assert(STAGGER * (CONSUMER_GROUPS - 1) < B_STAGES, "warpgroup 0 must not wait for a slot the others hold");
+  static_assert(STAGGER * (CONSUMER_GROUPS - 1) < (B_STAGES - 1) * B_KSTEPS + 1,
+                "warpgroup 0 must not wait for a slot the others hold");
+  static_assert(B_KSTEPS == 1 || (B_KSTEPS == 2 && A_KSTEPS % 2 == 0), "activation slots of 1 or 2 K-steps");
   static_assert(NMAX % N_STEP == 0 && NMAX <= 176, "per-tile wgmma widths: multiples of 16 up to 176 (mma.cuh)");
   static_assert(CONSUMER_GROUPS == 3 || CONSUMER_GROUPS == 4, "named barriers 1..3 stagger the consumer warpgroups");
   static_assert(PRODUCER_REGISTERS <= LAUNCH_REGISTERS && LAUNCH_REGISTERS <= CONSUMER_REGISTERS &&
                     128 * PRODUCER_REGISTERS + 32 * CONSUMER_WARPS * CONSUMER_REGISTERS <= CTA_REGISTERS,
                 "setmaxnreg.inc takes only registers the producers gave back to the CTA's pool");
-  static_assert(B_STAGE_BYTES % 1024 == 0,
+  static_assert(B_KSTEP_BYTES % 1024 == 0,
                 "B slots stay 1024-byte aligned: the swizzle is a function of address bits 4..9");
   static_assert(A_STAGE_BYTES % 128 == 0, "TMA destinations are 128-byte aligned");
   static_assert(SMEM_BYTES <= 232448, "sm_90 dynamic shared memory per block");
@@ -157,11 +163,14 @@ struct prefill_tile {
 // warpgroups 1 K-step apart it kept 2 slots of slack, and one warpgroup's epilogue stalled the
 // others. 9 activation slots (B slots are small here) and 4 weight stages (16 K-steps ahead) let
 // them stay 2 K-steps apart: 0.97-0.99 of the layer time at Qwen3-30B-A3B T = 512 and Kimi-K2
-// T = 512-2048 (docs/performance.md, eighteenth session).
-using prefill_narrow_tile = prefill_tile<64, 4, 9, 4, 2>;
+// T = 512-2048 (docs/performance.md, eighteenth session). Here (branch prefill-b2, not measured)
+// the same 10 K-steps of activations in 5 slots of 2 K-steps: the issue-bound consumers wait for,
+// release and advance the B ring every other K-step.
+using prefill_narrow_tile = prefill_tile<64, 4, 5, 4, 2, 2>;
 // Mid, 49..72 pairs per expert: the same warps; 96 pairs, because a 112-wide accumulator does not
-// fit 112 registers without serializing the wgmmas (ptxas C7512). Rings as the narrow tile's.
-using prefill_mid_tile = prefill_tile<96, 3, 9, 4, 2>;
+// fit 112 registers without serializing the wgmmas (ptxas C7512). 4 slots of 2 K-steps (5 do not
+// fit with 3 weight stages), so the warpgroups start 1 K-step apart.
+using prefill_mid_tile = prefill_tile<96, 3, 4, 4, 1, 2>;
 // Wide, beyond 72 (tensor-core bound; 176: 156 of 160 registers, no spills). 3 weight stages and
 // 6 activation slots took Qwen3-30B-A3B's GEMM2 at T = 16384 from 793 to 762 µs (ncu), but the
 // layer at gpt-oss-120b T = 16384 ran 3-8 % slower on two H100s (not on the H200, and not in the
@@ -189,13 +198,14 @@ void launch_gemm_prefill_wide(const gemm_launch&, const gemm_weights&, const pre
 
 template <class Cfg>
 struct prefill_smem {
-  uint8_t* base;  // 1024-byte aligned
+  uint8_t* base;     // 1024-byte aligned
+  uint64_t b_desc0;  // detail::sw128_desc(base), held (not recomputed from base every K-step)
   __device__ uint8_t* b_slot(int s) const { return base + s * Cfg::B_STAGE_BYTES; }
   // The wgmma descriptor of B slot s: slot 0's plus s slots in the start-address field (16-byte
   // units; shared addresses stay below 2^18, so the field never carries). Built from the slot's
   // address and its k16 steps as `hi | (lo + 2 j)`, a K-step took 8 uniform instructions more.
-  __device__ uint64_t b_desc(int s) const {
-    return detail::sw128_desc(base) + static_cast<uint64_t>(s * (Cfg::B_STAGE_BYTES >> 4));
+  __device__ uint64_t b_desc(int s, int sub) const {
+    return b_desc0 + static_cast<uint64_t>(s * (Cfg::B_STAGE_BYTES >> 4) + sub * (Cfg::B_KSTEP_BYTES >> 4));
   }
   __device__ uint8_t* a_slot(int s) const { return base + Cfg::A_OFFSET + s * Cfg::A_STAGE_BYTES; }
   __device__ uint8_t* epilogue_stage(int warp) const { return base + Cfg::STAGE_OFFSET + warp * kEpilogueStageBytes; }
@@ -235,11 +245,14 @@ __device__ void load_activations(const prefill_smem<Cfg>& sm, const prefill_maps
     const prefill_item it = prefill_item_at<Cfg::ROW_TILES>(ws, pg, i);
     const int n16 = (it.count + Cfg::N_STEP - 1) / Cfg::N_STEP;
     const CUtensorMap* map = &maps.rows[n16 - 1];
-    for (int ks = 0; ks < pg.ksteps; ++ks) {
+    for (int ks = 0; ks < pg.ksteps; ks += Cfg::B_KSTEPS) {
       detail::wait_empty(sm.b_empty(pos.slot), pos.phase);
       uint64_t* full = sm.b_full(pos.slot);
-      detail::arrive_expect_bytes(full, n16 * Cfg::N_STEP * Cfg::B_ROW_BYTES);
-      detail::tma_load_2d(sm.b_slot(pos.slot), map, ks * kPrefillBoxCols, it.start, full);
+      const int boxes = pg.ksteps - ks < Cfg::B_KSTEPS ? pg.ksteps - ks : Cfg::B_KSTEPS;
+      detail::arrive_expect_bytes(full, boxes * n16 * Cfg::N_STEP * Cfg::B_ROW_BYTES);
+      for (int b = 0; b < boxes; ++b)
+        detail::tma_load_2d(sm.b_slot(pos.slot) + b * Cfg::B_KSTEP_BYTES, map, (ks + b) * kPrefillBoxCols, it.start,
+                            full);
       pos.advance();
     }
   }
@@ -285,16 +298,18 @@ __device__ __forceinline__ void wgmma_kstep(int n16, const uint32_t (&a)[4][4], 
 }
 
 // One K-step of a warpgroup on the activation slot, then a wait until only these wgmmas are in
-// flight: the previous step's are complete, so its slot (the one before, unless this is the
-// item's first K-step) is released and its A registers may be overwritten. FULL: the tile is
+// flight: the previous step's are complete, so its A registers may be overwritten and, at a
+// slot's first K-step (sub 0), the slot before is released (unless this is the item's first
+// K-step). The ring advances after a slot's last K-step (sub = B_KSTEPS - 1). `sub` is a constant
+// of the unrolled K-step loop. FULL: the tile is
 // NMAX wide (most tiles of a prefill), one instruction; otherwise one main loop serves every
 // narrower width (a uniform branch per K-step picks the instruction), so all widths share the
 // accumulators and ptxas pipelines the wgmmas.
 template <class Cfg, bool FULL>
-__device__ __forceinline__ void mma_kstep(const prefill_smem<Cfg>& sm, int n16, uint32_t (&a)[4][4],
+__device__ __forceinline__ void mma_kstep(const prefill_smem<Cfg>& sm, int n16, int sub, uint32_t (&a)[4][4],
                                           float (&acc)[Cfg::NMAX / 2], detail::ring_pos<Cfg::B_STAGES>& b,
                                           bool release_previous) {
-  detail::wait_full(sm.b_full(b.slot), b.phase);
+  if (sub == 0) detail::wait_full(sm.b_full(b.slot), b.phase);
 #pragma unroll
   for (int i = 0; i < Cfg::NMAX / 2; ++i) cute::warpgroup_fence_operand(acc[i]);
 #pragma unroll
@@ -302,14 +317,14 @@ __device__ __forceinline__ void mma_kstep(const prefill_smem<Cfg>& sm, int n16, 
 #pragma unroll
     for (int r = 0; r < 4; ++r) cute::warpgroup_fence_operand(a[j][r]);
   if constexpr (FULL)
-    wgmma_kstep<Cfg::NMAX>(a, sm.b_desc(b.slot), acc);
+    wgmma_kstep<Cfg::NMAX>(a, sm.b_desc(b.slot, sub), acc);
   else
-    wgmma_kstep<Cfg, 1, Cfg::FULL_WIDTH_LOOP ? Cfg::WIDTHS - 1 : Cfg::WIDTHS>(n16, a, sm.b_desc(b.slot), acc);
+    wgmma_kstep<Cfg, 1, Cfg::FULL_WIDTH_LOOP ? Cfg::WIDTHS - 1 : Cfg::WIDTHS>(n16, a, sm.b_desc(b.slot, sub), acc);
   cute::warpgroup_wait<1>();
 #pragma unroll
   for (int i = 0; i < Cfg::NMAX / 2; ++i) cute::warpgroup_fence_operand(acc[i]);
-  if (release_previous) release_activations(sm, b.slot == 0 ? Cfg::B_STAGES - 1 : b.slot - 1);
-  b.advance();
+  if (sub == 0 && release_previous) release_activations(sm, b.slot == 0 ? Cfg::B_STAGES - 1 : b.slot - 1);
+  if (sub == Cfg::B_KSTEPS - 1) b.advance();
 }
 
 // A warp's share of a weight stage: 16 code bytes and 4 scale bytes per K-step.
@@ -378,7 +393,7 @@ __device__ void consume_item(const prefill_smem<Cfg>& sm, const prefill_grid& pg
         if (cute::elect_one_sync()) detail::arrive(sm.a_empty(a_pos.slot));
         a_pos.advance();
       }
-      if (live) mma_kstep<Cfg, FULL>(sm, n16, a, acc, b_pos, ks + j > 0);
+      if (live) mma_kstep<Cfg, FULL>(sm, n16, j % Cfg::B_KSTEPS, a, acc, b_pos, ks + j > 0);
       if (releases_stagger && live) stagger_release<Cfg>(ks + j, ks + j + 1);
     }
   }
@@ -389,7 +404,14 @@ __device__ void consume_item(const prefill_smem<Cfg>& sm, const prefill_grid& pg
   cute::warpgroup_wait<0>();
 #pragma unroll
   for (int i = 0; i < Cfg::NMAX / 2; ++i) cute::warpgroup_fence_operand(acc[i]);
-  release_activations(sm, b_pos.slot == 0 ? Cfg::B_STAGES - 1 : b_pos.slot - 1);  // the last K-step's
+  // The last K-step's slot: the one before if the ring advanced after it, else the current one
+  // (an odd number of K-steps in slots of two), which is then left.
+  if (Cfg::B_KSTEPS == 2 && (ksteps & 1)) {
+    release_activations(sm, b_pos.slot);
+    b_pos.advance();
+  } else {
+    release_activations(sm, b_pos.slot == 0 ? Cfg::B_STAGES - 1 : b_pos.slot - 1);
+  }
   store_prefill_item<Cfg::NMAX>(acc, inputs, it, local_tile, w, ws, ep, act, sm.epilogue_stage(local_tile));
 }
 
@@ -405,9 +427,11 @@ __device__ void skip_item(const prefill_smem<Cfg>& sm, int ksteps, detail::ring_
       if (leader) detail::arrive(sm.a_empty(a_pos.slot));
       a_pos.advance();
     }
-    detail::wait_full(sm.b_full(b_pos.slot), b_pos.phase);
-    if (leader) detail::arrive(sm.b_empty(b_pos.slot));
-    b_pos.advance();
+    if (ks % Cfg::B_KSTEPS == 0) {
+      detail::wait_full(sm.b_full(b_pos.slot), b_pos.phase);
+      if (leader) detail::arrive(sm.b_empty(b_pos.slot));
+      b_pos.advance();
+    }
   }
 }
 
@@ -449,7 +473,12 @@ __global__ void __launch_bounds__(Cfg::THREADS, 1)
   // Aligned by offsetting smem_raw itself, so that the compiler still sees shared memory (LDS,
   // not generic loads, for the fragments).
   const uint32_t misalign = static_cast<uint32_t>(__cvta_generic_to_shared(smem_raw)) & 1023u;
-  const prefill_smem<Cfg> sm{smem_raw + ((1024u - misalign) & 1023u)};
+  uint8_t* const base = smem_raw + ((1024u - misalign) & 1023u);
+  // Broadcast from lane 0, the descriptor is a value ptxas keeps in uniform registers; computed
+  // from `base` where it is used, it cost 4 uniform instructions per K-step (SASS).
+  const uint64_t b_desc0 = detail::sw128_desc(base);
+  const prefill_smem<Cfg> sm{base, (static_cast<uint64_t>(static_cast<uint32_t>(warp_uniform(static_cast<int>(b_desc0 >> 32)))) << 32) |
+                                       static_cast<uint32_t>(warp_uniform(static_cast<int>(b_desc0)))};
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   if (threadIdx.x == 0) {
     for (int s = 0; s < Cfg::A_STAGES; ++s) {
