@@ -9,7 +9,8 @@
 //           of route, or imports caller-provided ids; counts pairs per expert in shared memory,
 //           scans (cub::BlockScan) to offsets and tiles, writes tile_desc{expert, start,
 //           count <= BN} in expert order, the error flag, and sorted[offsets[e] + rank] = p
-//           (with sorted_weights[offsets[e] + rank] = weights[p], and pos[p] = rank).
+//           (with sorted_weights[offsets[e] + rank] = weights[p], and pos[p] = rank), staged in
+//           shared memory and stored in sorted order.
 // More pairs (prefill), the four-step path:
 //   route:    as above, and each slot bumps counts[e] and records its rank pos[p] (atomics;
 //             the counters were cleared by a memset).
@@ -124,21 +125,24 @@ __global__ void __launch_bounds__(kScheduleThreads)
 }
 
 // The plan kernel's shared memory: counts [E], offsets [E], one packed (expert | rank << 16) or
-// -1 per pair, the error flag, and (when it routes) route_token scratch per routing warp.
+// -1 per pair, the pair and routing weight of each sorted position, the error flag, and (when it
+// routes) route_token scratch per routing warp.
 struct plan_smem {
   int* counts;
   int* offsets;
-  int* pack;
+  int* pack;  // [pairs], then sorted [pairs] and sorted_weights [pairs] (sorted_at, weights_at)
   int* error;
   int* scratch;
   __host__ __device__ static size_t bytes(const plan_args& a) {
     const int route_warps = a.source == plan_source::route ? (a.tokens < kPlanThreads / 32 ? a.tokens : kPlanThreads / 32) : 0;
-    return 4 * (2 * static_cast<size_t>(a.experts) + static_cast<size_t>(a.tokens) * a.r.top_k + 1 +
+    return 4 * (2 * static_cast<size_t>(a.experts) + 3 * static_cast<size_t>(a.tokens) * a.r.top_k + 1 +
                 static_cast<size_t>(route_warps) * route_scratch_words(a.r, a.experts));
   }
   __device__ explicit plan_smem(int* base, const plan_args& a)
       : counts(base), offsets(base + a.experts), pack(base + 2 * a.experts),
-        error(pack + a.tokens * a.r.top_k), scratch(error + 1) {}
+        error(pack + 3 * a.tokens * a.r.top_k), scratch(error + 1) {}
+  __device__ int* sorted_at(int pairs) const { return pack + pairs; }
+  __device__ float* weights_at(int pairs) const { return reinterpret_cast<float*>(pack + 2 * pairs); }
 };
 
 // Routing bookkeeping, schedule and scatter of up to kPlanMaxPairs pairs in one CTA (see the
@@ -226,13 +230,37 @@ __global__ void __launch_bounds__(kPlanThreads) plan_kernel(plan_args a, moe_wor
   if (tid < a.experts) sm.offsets[tid] = offset;
   if (tid == 0) *ws.error_flag = *sm.error;
   __syncthreads();
-  for (int p = tid; p < pairs; p += kPlanThreads) {
-    const int pk = sm.pack[p];
-    if (pk >= 0) {
-      const int s = sm.offsets[pk & 0xFFFF] + (pk >> 16);
-      ws.sorted[s] = p;
-      ws.sorted_weights[s] = ws.weights[p];
-      ws.pos[p] = pk >> 16;  // the prefill path's gather finds s from it
+  if constexpr (PER_LANE > 0) {  // at most kPlanRouteMaxTokens tokens: a few stores per thread
+    for (int p = tid; p < pairs; p += kPlanThreads) {
+      const int pk = sm.pack[p];
+      if (pk >= 0) {
+        const int s = sm.offsets[pk & 0xFFFF] + (pk >> 16);
+        ws.sorted[s] = p;
+        ws.sorted_weights[s] = ws.weights[p];
+        ws.pos[p] = pk >> 16;  // the prefill path's gather finds s from it
+      }
+    }
+  } else {
+    // sorted[offsets[e] + rank] = p: scattered into shared memory first, then written to global
+    // memory in sorted order. Scattered straight to global memory, every pair cost two 4-byte
+    // stores to random lines from this one SM (ncu: 21 µs at 8,192 pairs, 12-13 at 4,096; batching
+    // the weights' loads changed nothing, docs/performance.md, seventeenth session).
+    int* const sorted = sm.sorted_at(pairs);
+    float* const sorted_weights = sm.weights_at(pairs);
+    for (int p = tid; p < pairs; p += kPlanThreads) {
+      const int pk = sm.pack[p];
+      if (pk >= 0) {
+        const int s = sm.offsets[pk & 0xFFFF] + (pk >> 16);
+        sorted[s] = p;
+        sorted_weights[s] = ws.weights[p];
+        ws.pos[p] = pk >> 16;
+      }
+    }
+    __syncthreads();
+    const int placed = sm.offsets[a.experts - 1] + sm.counts[a.experts - 1];  // pairs with a local expert
+    for (int s = tid; s < placed; s += kPlanThreads) {
+      ws.sorted[s] = sorted[s];
+      ws.sorted_weights[s] = sorted_weights[s];
     }
   }
 }
