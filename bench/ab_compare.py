@@ -9,11 +9,14 @@ every build alike. Per (shape, T) it prints the base build's best round in µs, 
 best round over the base's best (the figure the performance log records), and each build's own
 round spread (max / min over its rounds). The run's noise is the largest round spread of any build
 at any point; a ratio further from 1 than that is marked '*': a change the noise of this run does
-not explain (with two rounds a point's own spread is too small a sample to judge by). --builds names the builds
+not explain (with two rounds a point's own spread is too small a sample to judge by). Where the
+run-wide noise is set by one erratic point, a ratio not marked '*' is marked '<' or '>' when each
+build has at least three rounds and every round of the build is faster (slower) than every round of
+the base: with three rounds each, noise alone orders them so in one case of ten. --builds names the builds
 and their column order (default: every build with results, base first); a named build without
 results gets dashes and a note. With --json it writes
 {"base", "builds", "rounds", "noise", "points": [{"shape", "tokens", "us": {build: [rounds]},
-"ratio": {build: r}, "beyond_noise": {build: bool}}], "clocks": {build: {round: {...}}}}.
+"ratio": {build: r}, "beyond_noise": {build: bool}, "separated": {build: -1, 0 or 1}}], "clocks": {build: {round: {...}}}}.
 Where DIR also holds runs.txt ("build round start end", epoch seconds) and clocks.csv (nvidia-smi
 --query-gpu=timestamp,clocks.sm,power.draw,... --format=csv,noheader,nounits), both written by
 scripts/ab_moe.sh, the table ends with each run's median and lowest SM clock and highest power.
@@ -118,7 +121,19 @@ def compare(runs, base, builds=None):
     noise = max((sp - 1.0 for p in points for sp in p["spread"].values()), default=0.0)
     for p in points:
         p["beyond_noise"] = {b: abs(r - 1.0) > noise for b, r in p["ratio"].items()}
+        p["separated"] = {b: separated(p["us"][b], p["us"][base]) for b in p["ratio"]}
     return others, points, noise
+
+
+def separated(build, base, min_rounds=3):
+    """-1 if every round of build beat every round of base, 1 if every one lost, else 0."""
+    if len(build) < min_rounds or len(base) < min_rounds:
+        return 0
+    if max(build) < min(base):
+        return -1
+    if min(build) > max(base):
+        return 1
+    return 0
 
 
 def print_table(base, others, points, noise, out=sys.stdout):
@@ -130,13 +145,14 @@ def print_table(base, others, points, noise, out=sys.stdout):
         line = f"{p['shape']:24s} {p['tokens']:6d} {min(p['us'][base]):12.1f} {p['spread'][base]:7.3f}"
         for b in others:
             if b in p["ratio"]:
-                mark = "*" if p["beyond_noise"][b] else " "
+                mark = "*" if p["beyond_noise"][b] else {-1: "<", 0: " ", 1: ">"}[p["separated"][b]]
                 line += f" {p['ratio'][b]:13.3f}{mark} {p['spread'][b]:7.3f}"
             else:
                 line += f" {'-':>14s} {'-':>7s}"
         print(line, file=out)
     print(f"best round over {base}'s best round; spread = a build's max / min over its rounds; "
-          f"* = further from 1 than the run's noise, the largest spread ({noise:.1%})", file=out)
+          f"* = further from 1 than the run's noise, the largest spread ({noise:.1%}); "
+          f"< / > = every round faster / slower than every round of {base} (3+ rounds each)", file=out)
 
 
 def main(argv=None):

@@ -211,6 +211,31 @@ class AbCompare(unittest.TestCase):
         self.assertEqual(p8["us"]["new"], [45.5, 45.0])
         self.assertTrue(p8["beyond_noise"]["new"])
 
+    def test_rounds_that_do_not_overlap_are_marked_under_an_erratic_point(self):
+        # T = 1: base 100-101, new 97-98 (0.970, separated); T = 8: base 50-56 sets the noise
+        # (12 %); T = 32: new 48-51 against base 49-50 (overlapping, unmarked); T = 64: new slower.
+        files, rounds = {}, {
+            "base": [(100.0, 50.0, 49.0, 20.0), (101.0, 56.0, 50.0, 20.2), (100.5, 53.0, 49.5, 20.1)],
+            "new": [(97.0, 51.0, 48.0, 20.5), (98.0, 52.0, 51.0, 20.6), (97.5, 51.5, 50.0, 20.7)]}
+        for b, rr in rounds.items():
+            for r, us in enumerate(rr, 1):
+                files[f"{b}_{r}.json"] = ab_rows({("qwen3-30b-a3b", t): u for t, u in zip((1, 8, 32, 64), us)})
+        with tempfile.TemporaryDirectory() as tmp:
+            run, out = ab_compare(files, "--json", os.path.join(tmp, "c.json"))
+        self.assertEqual(run.returncode, 0, run.stderr)
+        row = lambda t: next(l for l in run.stdout.splitlines() if re.match(rf"qwen3-30b-a3b\s+{t}\s", l))
+        self.assertRegex(row(1), r"\s0\.970<\s")
+        self.assertRegex(row(32), r"\s0\.980 \s")
+        self.assertRegex(row(64), r"\s1\.025>\s")
+        sep = {p["tokens"]: p["separated"]["new"] for p in out["points"]}
+        self.assertEqual(sep, {1: -1, 8: 0, 32: 0, 64: 1})
+        self.assertFalse(any(p["beyond_noise"]["new"] for p in out["points"]))
+        # two rounds are too few to call: the same data cut to rounds 1-2 marks nothing
+        two = {k: v for k, v in files.items() if not k.endswith("_3.json")}
+        run2, _ = ab_compare(two)
+        self.assertEqual(run2.returncode, 0, run2.stderr)
+        self.assertNotRegex(run2.stdout, r"\d[<>]")
+
     def test_a_point_a_build_missed_is_a_dash(self):
         files = dict(self.files)
         files["new_1.json"] = ab_rows({("qwen3-30b-a3b", 1): 99.0})
