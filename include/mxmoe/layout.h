@@ -19,6 +19,9 @@
 //                      thread holds gate and up of the same output in its accumulators.
 //   matrix_source      where W[n][k] of one expert lies in the bytes a BF16 checkpoint stores
 //                      for it (row-major, x·W, or separate gate and up matrices).
+//   sw128_rows         bf16 activation rows of 64 k in shared memory, 128-byte swizzled: what
+//                      TMA writes, wgmma's descriptors and ldmatrix read, and the kernels'
+//                      cp.async copies write.
 //   even_split         n items (experts, or the I/32 blocks of a tensor-parallel shard) cut
 //                      into P contiguous parts as even as possible, the remainder to the first
 //                      parts (docs/parallel.md).
@@ -263,6 +266,24 @@ struct matrix_source {
 
  private:
   MXMOE_HD gate_up_rows pair_rows() const { return {rows / 2, gate_up_order::interleaved}; }
+};
+
+// ---- activation rows in shared memory: the 128-byte swizzle ----------------------------------
+// K-major bf16 rows of 64 elements (128 bytes): 16-byte chunk c (elements 8c..8c+7) of row r at
+// byte r·128 + 16·(c XOR (r mod 8)) of the tile. It is the layout TMA writes with
+// CU_TENSOR_MAP_SWIZZLE_128B (CUDA driver API, cuTensorMapEncodeTiled), the 128-byte swizzling
+// mode of the PTX ISA's wgmma shared-memory matrix layouts (the kernels' sw128_desc: 8-row atoms
+// 1024 bytes apart), and conflict-free for ldmatrix. The hardware applies the XOR to address
+// bits 4..6 with bits 7..9, so a tile starts 1024-byte aligned and rows r and r + 8 differ by
+// 1024 bytes with the same chunk order.
+struct sw128_rows {
+  static constexpr int kRowBytes = 128, kChunkBytes = 16, kChunks = 8;
+  MXMOE_HD static constexpr int offset(int r, int c) { return r * kRowBytes + ((c ^ (r & 7)) << 4); }
+  // The inverse: the row and chunk held at byte `off` (a multiple of 16) of the tile.
+  MXMOE_HD static constexpr void coord(int off, int* r, int* c) {
+    *r = off / kRowBytes;
+    *c = ((off % kRowBytes) >> 4) ^ (*r & 7);
+  }
 };
 
 // ---- contiguous parts of n items over P ranks -------------------------------------------

@@ -436,6 +436,35 @@ TEST(GateUpRows, PinnedRows) {
 
 // ---- even_split -----------------------------------------------------------------------------
 
+TEST(Sw128Rows, BijectionAndInverse) {
+  const int rows = 176;  // the widest prefill tile: 22 swizzle atoms
+  slot_tracker slots(rows * layout::sw128_rows::kChunks);
+  for (int r = 0; r < rows; ++r)
+    for (int c = 0; c < layout::sw128_rows::kChunks; ++c) {
+      const int off = layout::sw128_rows::offset(r, c);
+      ASSERT_EQ(off % layout::sw128_rows::kChunkBytes, 0);
+      ASSERT_TRUE(slots.hit(off / layout::sw128_rows::kChunkBytes)) << r << "," << c;
+      int r2 = -1, c2 = -1;
+      layout::sw128_rows::coord(off, &r2, &c2);
+      ASSERT_EQ(r2, r);
+      ASSERT_EQ(c2, c);
+      // the atom repeats every 8 rows, 1024 bytes further
+      ASSERT_EQ(layout::sw128_rows::offset(r + 8, c), off + 1024);
+    }
+  for (int s = 0; s < slots.slots(); ++s) ASSERT_TRUE(slots.was_hit(s)) << s;
+}
+
+// CU_TENSOR_MAP_SWIZZLE_128B: within each 128-byte row, 16-byte chunk index bits are XORed with
+// the row index mod 8 (address bits 4..6 ^= bits 7..9).
+TEST(Sw128Rows, PinnedOffsets) {
+  EXPECT_EQ(layout::sw128_rows::offset(0, 0), 0);
+  EXPECT_EQ(layout::sw128_rows::offset(0, 7), 0b111'0000);
+  EXPECT_EQ(layout::sw128_rows::offset(1, 0), 0b1'001'0000);      // row 1, chunk 0 ^ 1
+  EXPECT_EQ(layout::sw128_rows::offset(3, 5), 0b11'110'0000);     // row 3, chunk 5 ^ 3 = 6
+  EXPECT_EQ(layout::sw128_rows::offset(7, 7), 0b111'000'0000);    // row 7, chunk 7 ^ 7 = 0
+  EXPECT_EQ(layout::sw128_rows::offset(13, 2), 0b1101'111'0000);  // row 13, chunk 2 ^ 5 = 7
+}
+
 TEST(EvenSplit, PartsTileTheItemsAndInvert) {
   for (int64_t items : {1, 5, 17, 90, 384, 385})
     for (int64_t parts : {1, 2, 3, 7, 8, 64}) {

@@ -6,7 +6,7 @@
 // BN tokens. A pipeline stage holds KSTEPS K-steps of 64: per 16-row tile KSTEPS fragment tiles
 // (layout::sm90_fragment, contiguous in memory: 512 code bytes + 32 scale bytes each) and BN
 // activation rows of 128 bytes per K-step in the 128-byte-swizzled K-major layout that wgmma
-// and ldmatrix read without bank conflicts (16-byte chunk c of row r at chunk c ^ (r % 8)).
+// and ldmatrix read without bank conflicts (layout::sw128_rows).
 // Stages are filled with cp.async, STAGES deep. Each lane reads its own A fragment with one
 // 16-byte shared load and turns its four fragment words into bf16x2 registers with
 // detail::dequant_fragment.
@@ -144,7 +144,7 @@ __device__ __forceinline__ void gemm_tile_body(uint8_t* smem, const tile_desc td
       if (kBChunks % Cfg::THREADS == 0 || c < kBChunks) {
         const int st = c / (Cfg::BN * 8), r = (c / 8) % Cfg::BN, q = c & 7;
         const bool ok = b_src[i] != nullptr && kt0 * 64 + b_k[i] < K;
-        detail::cp_async_16(sb + (st * Cfg::BN + r) * 128 + ((q ^ (r & 7)) << 4), ok ? b_src[i] + kt0 * 64 : b_rows,
+        detail::cp_async_16(sb + st * Cfg::BN * 128 + layout::sw128_rows::offset(r, q), ok ? b_src[i] + kt0 * 64 : b_rows,
                             ok);
       }
     }
@@ -210,7 +210,7 @@ __device__ __forceinline__ void gemm_tile_body(uint8_t* smem, const tile_desc td
           for (int np = 0; np < Cfg::NT / 2; ++np) {
             const int row = wn * Cfg::WN + np * 16 + (lane & 7) + ((lane >> 4) << 3);
             const int chunk = j * 2 + ((lane >> 3) & 1);
-            const void* addr = sbk + row * 128 + ((chunk ^ (row & 7)) << 4);
+            const void* addr = sbk + layout::sw128_rows::offset(row, chunk);
             cute::SM75_U32x4_LDSM_N::copy(*static_cast<const cute::uint128_t*>(addr), bf[2 * np][0], bf[2 * np][1],
                                           bf[2 * np + 1][0], bf[2 * np + 1][1]);
           }

@@ -13,7 +13,7 @@
 //     16-byte and one 4-byte shared load per lane and tile; detail::dequant_fragment turns them
 //     into bf16.
 //   activations (B): BN rows x 64 k per fragment tile and K group, gathered with cp.async into
-//     128-byte rows (16-byte chunk c of row r at c ^ (r % 8): ldmatrix reads it without bank
+//     128-byte swizzled rows (layout::sw128_rows: ldmatrix reads them without bank
 //     conflicts); rows at or beyond the tile's count are never loaded (the columns they feed are
 //     never stored), the K tail is zero-filled (its weights are zero codes, and 0 * garbage
 //     could be NaN).
@@ -189,8 +189,7 @@ __global__ void __launch_bounds__(S::kThreads, S::kMinBlocks)
   const int cq = tid & 7, cr = (tid >> 3) % S::BN, ct0 = (tid >> 3) / S::BN;
   const bool c_row = cr < td.count;
   const uint16_t* c_row_src = b_rows + (c_row ? static_cast<int64_t>(row_src[cr]) * K : 0) + cq * 8;
-  const uint32_t c_dst = smem_u32 + S::kAStageBytes + ct0 * b_tile_bytes + static_cast<uint32_t>(cr * S::kRowBytes) +
-                         ((cq ^ (cr & 7)) << 4);
+  const uint32_t c_dst = smem_u32 + S::kAStageBytes + ct0 * b_tile_bytes + static_cast<uint32_t>(layout::sw128_rows::offset(cr, cq));
   int b_koff[kChunks], b_tiles[kChunks], b_kleft[kChunks];
 #pragma unroll
   for (int i = 0; i < kChunks; ++i) {
@@ -232,7 +231,7 @@ __global__ void __launch_bounds__(S::kThreads, S::kMinBlocks)
   // they feed only columns that are never stored (an mma's columns do not mix).
   const int b_row0 = (lane & 7) < td.count ? (lane & 7) : 0;
   const uint32_t b_off = smem_u32 + S::kAStageBytes + wk * S::kSteps * b_tile_bytes +
-                         static_cast<uint32_t>(b_row0 * S::kRowBytes + (((lane >> 3) ^ (b_row0 & 7)) << 4));
+                         static_cast<uint32_t>(layout::sw128_rows::offset(b_row0, lane >> 3));
   const int blocks_used = (td.count + 7) / 8;
   const uint8_t* a_codes = smem + warp * S::kAWarpBytes + lane * 16;
   const uint8_t* a_scales = smem + warp * S::kAWarpBytes + S::kCodeBytes + (lane >> 2) * 4;

@@ -14,7 +14,7 @@
 //       loads (codes, scales) through 3-D tensor maps over [experts x row tiles][K/64][tile], into
 //       a ring of A_STAGES slots;
 //     warp 4G + 1, one lane — activations: per K-step one TMA box of 16·ceil(count/16) rows x 64 k
-//       (one tensor map per width), 128-byte swizzled (chunk c of row r at c ^ (r % 8): what the
+//       (one tensor map per width), 128-byte swizzled (layout::sw128_rows: what the
 //       wgmma descriptor reads), into a ring of B_STAGES slots; rows past the tensor and the K
 //       tail arrive as zeros;
 //   warpgroups 0..G-1, the consumers (setmaxnreg up to 160 or 112 registers), 64 weight rows each (warp q
