@@ -1,7 +1,7 @@
 // moe/gemm_prefill_mid.cu — the prefill GEMM instantiated for 49..72 pairs per expert (the
 // 2048-token point of models with 128-256 experts): tiles of up to 96 pairs, four consumer
-// warpgroups as the narrow tile (256 weight rows per item, 112 registers), a 4-stage weight ring
-// (16 K-steps of 256 rows) and a 5-stage activation ring of 12 KB slots.
+// warpgroups as the narrow tile (256 weight rows per item, 112 registers); its rings are
+// prefill_mid_tile's (gemm_prefill.cuh, with the measurements that sized them).
 #include "gemm_prefill.cuh"
 
 namespace mxmoe::cuda::sm90 {

@@ -1,7 +1,7 @@
 // moe/gemm_prefill_narrow.cu — the prefill GEMM instantiated for 8..48 pairs per expert (the
 // 512–2048-token transition of models with many experts): tiles of up to 64 pairs, four consumer
-// warpgroups (256 weight rows per item), a 5-stage weight ring (20 K-steps of 256 rows in flight
-// per SM) and a 5-stage activation ring.
+// warpgroups (256 weight rows per item); its rings are prefill_narrow_tile's (gemm_prefill.cuh,
+// with the measurements that sized them).
 #include "gemm_prefill.cuh"
 
 namespace mxmoe::cuda::sm90 {

@@ -1,6 +1,6 @@
-// moe/gemm_prefill_wide.cu — the prefill GEMM instantiated for more than 48 pairs per expert
-// (prefill proper, tensor-core bound): tiles of up to 176 pairs, a 4-stage weight ring (16
-// K-steps of 192 rows) and a 5-stage activation ring of 22 KB slots.
+// moe/gemm_prefill_wide.cu — the prefill GEMM instantiated for more than 72 pairs per expert
+// (prefill proper, tensor-core bound): tiles of up to 176 pairs, three consumer warpgroups (192
+// weight rows per item); its rings are prefill_wide_tile's (gemm_prefill.cuh).
 #include "gemm_prefill.cuh"
 
 namespace mxmoe::cuda::sm90 {
