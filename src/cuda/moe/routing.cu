@@ -158,6 +158,10 @@ __global__ void __launch_bounds__(kPlanThreads) plan_kernel(plan_args a, moe_wor
   detail::wait_for_previous_grid();
   detail::allow_dependent_launch();
   const int tid = threadIdx.x, k = a.r.top_k, pairs = a.tokens * k;
+  // A thread's global loads are issued kPlanBatch pairs at a time, before any of them is used: a
+  // loop that loads, then uses, paid one memory round trip per pair (ncu: 7-11 us at 4,096 pairs,
+  // 2026-12-05).
+  constexpr int kPlanBatch = 8;
   if (tid < a.experts) sm.counts[tid] = 0;
   if (tid == 0) *sm.error = 0;
   __syncthreads();
@@ -180,10 +184,7 @@ __global__ void __launch_bounds__(kPlanThreads) plan_kernel(plan_args a, moe_wor
       }
     }
   } else {
-    // A thread's ids (and weights) of kPlanBatch pairs are loaded before any of them is counted:
-    // a loop that loads, then counts, paid one memory round trip per pair (ncu: 7-11 us at 4,096
-    // pairs, 2026-12-05).
-    constexpr int kPlanBatch = 8;
+    // A thread's ids (and weights) of kPlanBatch pairs are loaded before any of them is counted.
     const bool precomputed = a.source == plan_source::precomputed;
     for (int p0 = tid; p0 < pairs; p0 += kPlanBatch * kPlanThreads) {
       int id[kPlanBatch];
@@ -245,15 +246,26 @@ __global__ void __launch_bounds__(kPlanThreads) plan_kernel(plan_args a, moe_wor
     // memory in sorted order. Scattered straight to global memory, every pair cost two 4-byte
     // stores to random lines from this one SM (ncu: 21 µs at 8,192 pairs, 12-13 at 4,096; batching
     // the weights' loads changed nothing, docs/performance.md, seventeenth session).
+    // The routing weights too are loaded kPlanBatch pairs at a time before any is placed.
     int* const sorted = sm.sorted_at(pairs);
     float* const sorted_weights = sm.weights_at(pairs);
-    for (int p = tid; p < pairs; p += kPlanThreads) {
-      const int pk = sm.pack[p];
-      if (pk >= 0) {
-        const int s = sm.offsets[pk & 0xFFFF] + (pk >> 16);
+    for (int p0 = tid; p0 < pairs; p0 += kPlanBatch * kPlanThreads) {
+      int pk[kPlanBatch];
+      float wt[kPlanBatch];
+#pragma unroll
+      for (int u = 0; u < kPlanBatch; ++u) {
+        const int p = p0 + u * kPlanThreads;
+        pk[u] = p < pairs ? sm.pack[p] : -1;
+        wt[u] = pk[u] >= 0 ? ws.weights[p] : 0.0f;
+      }
+#pragma unroll
+      for (int u = 0; u < kPlanBatch; ++u) {
+        if (pk[u] < 0) continue;
+        const int p = p0 + u * kPlanThreads;
+        const int s = sm.offsets[pk[u] & 0xFFFF] + (pk[u] >> 16);
         sorted[s] = p;
-        sorted_weights[s] = ws.weights[p];
-        ws.pos[p] = pk >> 16;
+        sorted_weights[s] = wt[u];
+        ws.pos[p] = pk[u] >> 16;
       }
     }
     __syncthreads();
