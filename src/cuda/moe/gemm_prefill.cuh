@@ -142,7 +142,7 @@ struct prefill_tile {
   static constexpr int SMEM_BYTES = 1024 + BAR_OFFSET + 2 * (A_STAGES + B_STAGES) * 8;
   static_assert(STAGGER * (CONSUMER_GROUPS - 1) < (B_STAGES - 1) * B_KSTEPS + 1,
                 "warpgroup 0 must not wait for a slot the others hold");
-  static_assert(B_KSTEPS == 1 || (B_KSTEPS == 2 && A_KSTEPS % 2 == 0), "activation slots of 1 or 2 K-steps");
+  static_assert(A_KSTEPS % B_KSTEPS == 0, "activation slots of 1, 2 or 4 K-steps (a divisor of a weight stage's)");
   static_assert(NMAX % N_STEP == 0 && NMAX <= 176, "per-tile wgmma widths: multiples of 16 up to 176 (mma.cuh)");
   static_assert(CONSUMER_GROUPS == 3 || CONSUMER_GROUPS == 4, "named barriers 1..3 stagger the consumer warpgroups");
   static_assert(PRODUCER_REGISTERS <= LAUNCH_REGISTERS && LAUNCH_REGISTERS <= CONSUMER_REGISTERS &&
@@ -166,11 +166,14 @@ struct prefill_tile {
 // T = 512-2048 (docs/performance.md, eighteenth session). The same 10 K-steps of activations now
 // sit in 5 slots of 2 K-steps: the issue-bound consumers wait for, release and advance the B ring
 // every other K-step. Kimi-K2 T = 2048 GEMM1 3163 -> 3035 µs, GEMM2 1666 -> 1580 µs (ncu, H100);
-// layer 0.93-0.98 at T = 512 (nineteenth session).
-using prefill_narrow_tile = prefill_tile<64, 4, 5, 4, 2, 2>;
+// layer 0.93-0.98 at T = 512 (nineteenth session). Then 3 slots of 4 K-steps, one per weight
+// stage (the ring advanced once per stage), with 3 weight stages: 0.972-0.994 of the layer at
+// T = 512 on gpt-oss-120b, Qwen3-30B-A3B and Kimi-K2 (H100, twentieth session).
+using prefill_narrow_tile = prefill_tile<64, 3, 3, 4, 2, 4>;
 // Mid, 49..72 pairs per expert: the same warps; 96 pairs, because a 112-wide accumulator does not
 // fit 112 registers without serializing the wgmmas (ptxas C7512). 4 slots of 2 K-steps (5 do not
-// fit with 3 weight stages), so the warpgroups start 1 K-step apart.
+// fit with 3 weight stages), so the warpgroups start 1 K-step apart. Slots of 4 K-steps here
+// (<96, 3, 2, 4, 1, 4>) lost 0.5 % at gpt-oss-20b T = 512 (H100, twentieth session).
 using prefill_mid_tile = prefill_tile<96, 3, 4, 4, 1, 2>;
 // Wide, beyond 72 (tensor-core bound; 176: 156 of 160 registers, no spills). 3 weight stages and
 // 6 activation slots took Qwen3-30B-A3B's GEMM2 at T = 16384 from 793 to 762 µs (ncu), but the
@@ -406,8 +409,8 @@ __device__ void consume_item(const prefill_smem<Cfg>& sm, const prefill_grid& pg
 #pragma unroll
   for (int i = 0; i < Cfg::NMAX / 2; ++i) cute::warpgroup_fence_operand(acc[i]);
   // The last K-step's slot: the one before if the ring advanced after it, else the current one
-  // (an odd number of K-steps in slots of two), which is then left.
-  if (Cfg::B_KSTEPS == 2 && (ksteps & 1)) {
+  // (K-steps not a multiple of the slot's), which is then left.
+  if (Cfg::B_KSTEPS > 1 && ksteps % Cfg::B_KSTEPS != 0) {
     release_activations(sm, b_pos.slot);
     b_pos.advance();
   } else {
