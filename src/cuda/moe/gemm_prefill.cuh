@@ -274,15 +274,17 @@ __device__ void load_weights(const prefill_smem<Cfg>& sm, const prefill_maps<Cfg
                              const moe_workspace& ws, const prefill_grid& pg, int* counter) {
   detail::ring_pos<Cfg::A_STAGES> pos;
   detail::ring_pos<Cfg::ITEM_SLOTS> items;
-  int next = atomicAdd(counter, 1);
   for (;;) {
-    const int64_t i = next;
+    // Taken once the ring has room for its first stage, not earlier: an item taken ahead is one
+    // that a CTA becoming free sooner cannot have. (The ring still holds A_STAGES - 1 stages for
+    // the consumers while the counter and the tile are read.)
+    detail::wait_empty(sm.a_empty(pos.slot), pos.phase);
+    const int i = atomicAdd(counter, 1);
     detail::wait_empty(sm.item_empty(items.slot), items.phase);
-    *sm.item(items.slot) = next;
+    *sm.item(items.slot) = i;
     detail::arrive(sm.item_full(items.slot));
     items.advance();
     if (i >= pg.items) break;
-    next = atomicAdd(counter, 1);  // in flight while this item's weight copies are issued
     const prefill_item it = prefill_item_at<Cfg::ROW_TILES>(ws, pg, i);
     // Row tiles of the block past the matrix are the next expert's (or zeros): loaded, not used.
     const int row0 = it.expert * pg.row_tiles + it.row_tile0;
