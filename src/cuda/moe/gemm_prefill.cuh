@@ -274,12 +274,14 @@ __device__ void load_weights(const prefill_smem<Cfg>& sm, const prefill_maps<Cfg
                              const moe_workspace& ws, const prefill_grid& pg, int* counter) {
   detail::ring_pos<Cfg::A_STAGES> pos;
   detail::ring_pos<Cfg::ITEM_SLOTS> items;
+  // The next item is taken right after the current one's last weight stage is issued, while the
+  // ring is full and this lane would only wait: the counter's and the tile's round trips then
+  // overlap the consumers' work. Taken once the ring had room for its first stage instead, the
+  // consumers of short items (Qwen3-30B-A3B T = 512: 3-stage rings, 3 or 8 stages per item) waited
+  // for those round trips at every item (GEMMs +3 %, 2026-12-06); taken a whole item ahead, the
+  // item is one a CTA that becomes free sooner cannot have.
+  int i = atomicAdd(counter, 1);
   for (;;) {
-    // Taken once the ring has room for its first stage, not earlier: an item taken ahead is one
-    // that a CTA becoming free sooner cannot have. (The ring still holds A_STAGES - 1 stages for
-    // the consumers while the counter and the tile are read.)
-    detail::wait_empty(sm.a_empty(pos.slot), pos.phase);
-    const int i = atomicAdd(counter, 1);
     detail::wait_empty(sm.item_empty(items.slot), items.phase);
     *sm.item(items.slot) = i;
     detail::arrive(sm.item_full(items.slot));
@@ -296,6 +298,7 @@ __device__ void load_weights(const prefill_smem<Cfg>& sm, const prefill_maps<Cfg
       detail::tma_load_3d(sm.a_slot(pos.slot) + Cfg::A_CODE_BYTES, &maps.scales, 0, ks, row0, full);
       pos.advance();
     }
+    i = atomicAdd(counter, 1);
   }
 }
 
