@@ -90,7 +90,8 @@ namespace mxmoe::cuda::sm90 {
 // K-step of bf16, a 128-byte swizzle row.
 inline constexpr int kPrefillBoxCols = 64;
 
-template <int NMAX_, int A_STAGES_, int B_STAGES_, int CONSUMER_GROUPS_, int STAGGER_, int B_KSTEPS_ = 1>
+template <int NMAX_, int A_STAGES_, int B_STAGES_, int CONSUMER_GROUPS_, int STAGGER_, int B_KSTEPS_ = 1,
+          bool DYNAMIC_ITEMS_ = true>
 struct prefill_tile {
   static constexpr int CONSUMER_GROUPS = CONSUMER_GROUPS_;  // warpgroups of 64 weight rows
   static constexpr int CONSUMER_WARPS = 4 * CONSUMER_GROUPS;
@@ -113,6 +114,9 @@ struct prefill_tile {
   // reach an item's first conversion and its epilogue at the same time. The B ring bounds how far
   // warpgroup 0 may run ahead: STAGGER * (CONSUMER_GROUPS - 1) K-steps must leave it a slot.
   static constexpr int STAGGER = STAGGER_;
+  // Work items taken from the counter as CTAs become free ("work items" below), or item c + j·G
+  // to CTA c (G CTAs).
+  static constexpr bool DYNAMIC_ITEMS = DYNAMIC_ITEMS_;
   static constexpr int TILE_CODES = layout::sm90_fragment::kTileBytes;
   static constexpr int TILE_SCALES = layout::sm90_fragment::kTileScaleBytes;
   // Weight stage: codes [ROW_TILES][A_KSTEPS][512], then scales [ROW_TILES][A_KSTEPS][32] (the
@@ -177,7 +181,7 @@ struct prefill_tile {
 // layer 0.93-0.98 at T = 512 (nineteenth session). Then 3 slots of 4 K-steps, one per weight
 // stage (the ring advanced once per stage), with 3 weight stages: 0.972-0.994 of the layer at
 // T = 512 on gpt-oss-120b, Qwen3-30B-A3B and Kimi-K2 (H100, twentieth session).
-using prefill_narrow_tile = prefill_tile<64, 3, 3, 4, 2, 4>;
+using prefill_narrow_tile = prefill_tile<64, 3, 3, 4, 2, 4, false>;
 // Mid, 49..72 pairs per expert: the same warps; 96 pairs, because a 112-wide accumulator does not
 // fit 112 registers without serializing the wgmmas (ptxas C7512). 4 slots of 2 K-steps (5 do not
 // fit with 3 weight stages), so the warpgroups start 1 K-step apart. Slots of 4 K-steps here
@@ -280,7 +284,7 @@ __device__ void load_weights(const prefill_smem<Cfg>& sm, const prefill_maps<Cfg
   // consumers of short items (Qwen3-30B-A3B T = 512: 3-stage rings, 3 or 8 stages per item) waited
   // for those round trips at every item (GEMMs +3 %, 2026-12-06); taken a whole item ahead, the
   // item is one a CTA that becomes free sooner cannot have.
-  int i = atomicAdd(counter, 1);
+  int i = Cfg::DYNAMIC_ITEMS ? atomicAdd(counter, 1) : static_cast<int>(blockIdx.x);
   for (;;) {
     detail::wait_empty(sm.item_empty(items.slot), items.phase);
     *sm.item(items.slot) = i;
@@ -298,7 +302,7 @@ __device__ void load_weights(const prefill_smem<Cfg>& sm, const prefill_maps<Cfg
       detail::tma_load_3d(sm.a_slot(pos.slot) + Cfg::A_CODE_BYTES, &maps.scales, 0, ks, row0, full);
       pos.advance();
     }
-    i = atomicAdd(counter, 1);
+    i = Cfg::DYNAMIC_ITEMS ? atomicAdd(counter, 1) : i + static_cast<int>(gridDim.x);
   }
 }
 
