@@ -135,10 +135,10 @@ struct prefill_tile {
   // what the producers give back, never the part of the register file the launch left unallocated
   // (with four consumer warpgroups 640 x 96 = 61440 of 65536; asking for 120 hung every launch,
   // docs/performance.md, thirteenth session). Three consumer warpgroups: 32 and 160 of 128; four:
-  // 32 and 112 of 96 (the producers had 24 until the weight loader took the work items: 24
-  // spilled it).
+  // 24 and 112 of 96, or 32 and 112 where the weight loader takes the work items from the counter
+  // (24 spilled it).
   static constexpr int LAUNCH_REGISTERS = 65536 / THREADS / 8 * 8;
-  static constexpr int PRODUCER_REGISTERS = 32;
+  static constexpr int PRODUCER_REGISTERS = CONSUMER_GROUPS == 3 || DYNAMIC_ITEMS ? 32 : 24;
   static constexpr int CTA_REGISTERS = THREADS * LAUNCH_REGISTERS;
   static constexpr int CONSUMER_REGISTERS = (CTA_REGISTERS - 128 * PRODUCER_REGISTERS) / (32 * CONSUMER_WARPS) / 8 * 8;
   // Work items handed from the weight loader to the other roles (load_weights): slots enough that
@@ -251,7 +251,8 @@ struct prefill_smem {
 constexpr int kItemReaders(int consumer_warps) { return consumer_warps + 1; }
 
 // WHOLE_WARP: read by every lane of the warp (the consumers), one of which gives the slot back;
-// else by one lane (the activation loader).
+// else by one lane (the activation loader). Without DYNAMIC_ITEMS every role walks items c,
+// c + G, ... itself (no slots).
 template <class Cfg, bool WHOLE_WARP>
 struct item_reader {
   detail::ring_pos<Cfg::ITEM_SLOTS> pos;
@@ -284,13 +285,7 @@ __device__ void load_weights(const prefill_smem<Cfg>& sm, const prefill_maps<Cfg
   // consumers of short items (Qwen3-30B-A3B T = 512: 3-stage rings, 3 or 8 stages per item) waited
   // for those round trips at every item (GEMMs +3 %, 2026-12-06); taken a whole item ahead, the
   // item is one a CTA that becomes free sooner cannot have.
-  int i = Cfg::DYNAMIC_ITEMS ? atomicAdd(counter, 1) : static_cast<int>(blockIdx.x);
-  for (;;) {
-    detail::wait_empty(sm.item_empty(items.slot), items.phase);
-    *sm.item(items.slot) = i;
-    detail::arrive(sm.item_full(items.slot));
-    items.advance();
-    if (i >= pg.items) break;
+  auto load_item = [&](int64_t i) {
     const prefill_item it = prefill_item_at<Cfg::ROW_TILES>(ws, pg, i);
     // Row tiles of the block past the matrix are the next expert's (or zeros): loaded, not used.
     const int row0 = it.expert * pg.row_tiles + it.row_tile0;
@@ -302,7 +297,20 @@ __device__ void load_weights(const prefill_smem<Cfg>& sm, const prefill_maps<Cfg
       detail::tma_load_3d(sm.a_slot(pos.slot) + Cfg::A_CODE_BYTES, &maps.scales, 0, ks, row0, full);
       pos.advance();
     }
-    i = Cfg::DYNAMIC_ITEMS ? atomicAdd(counter, 1) : i + static_cast<int>(gridDim.x);
+  };
+  if constexpr (Cfg::DYNAMIC_ITEMS) {
+    int i = atomicAdd(counter, 1);
+    for (;;) {
+      detail::wait_empty(sm.item_empty(items.slot), items.phase);
+      *sm.item(items.slot) = i;
+      detail::arrive(sm.item_full(items.slot));
+      items.advance();
+      if (i >= pg.items) break;
+      load_item(i);
+      i = atomicAdd(counter, 1);
+    }
+  } else {
+    for (int64_t i = blockIdx.x; i < pg.items; i += gridDim.x) load_item(i);
   }
 }
 
@@ -310,8 +318,7 @@ template <class Cfg>
 __device__ void load_activations(const prefill_smem<Cfg>& sm, const prefill_maps<Cfg::WIDTHS>& maps,
                                  const moe_workspace& ws, const prefill_grid& pg) {
   detail::ring_pos<Cfg::B_STAGES> pos;
-  item_reader<Cfg, false> items;
-  for (int64_t i = items.next(sm); i < pg.items; i = items.next(sm)) {
+  auto load_item = [&](int64_t i) {
     const prefill_item it = prefill_item_at<Cfg::ROW_TILES>(ws, pg, i);
     const int n16 = (it.count + Cfg::N_STEP - 1) / Cfg::N_STEP;
     const CUtensorMap* map = &maps.rows[n16 - 1];
@@ -325,6 +332,12 @@ __device__ void load_activations(const prefill_smem<Cfg>& sm, const prefill_maps
                             full);
       pos.advance();
     }
+  };
+  if constexpr (Cfg::DYNAMIC_ITEMS) {
+    item_reader<Cfg, false> items;
+    for (int64_t i = items.next(sm); i < pg.items; i = items.next(sm)) load_item(i);
+  } else {
+    for (int64_t i = blockIdx.x; i < pg.items; i += gridDim.x) load_item(i);
   }
 }
 
@@ -512,23 +525,32 @@ __device__ void consume(const prefill_smem<Cfg>& sm, const gemm_weights& w, cons
   detail::ring_pos<Cfg::B_STAGES> b_pos;
   const int first_tile_of_group = warp_index() & ~3;
   const int group = first_tile_of_group >> 2;
-  item_reader<Cfg, true> items;
-  bool first = true;
-  for (int64_t i = items.next(sm); i < pg.items; i = items.next(sm)) {
-    // Only a CTA that gets an item waits for warpgroup 0's stagger arrivals (it may get none).
-    if (first && group > 0) cutlass::arch::NamedBarrier::sync(kStaggerThreads, group);
-    const bool releases_stagger = first && group == 0;  // warpgroup 0 never skips an item
-    first = false;
+  // releases_stagger: the CTA's first item, in warpgroup 0 (which never skips an item).
+  auto run_item = [&](int64_t i, bool releases_stagger) {
     const prefill_item it = prefill_item_at<Cfg::ROW_TILES>(ws, pg, i);
     if (first_tile_of_group >= warp_uniform(it.row_tiles)) {
       skip_item<Cfg>(sm, pg.ksteps, a_pos, b_pos);
-      continue;
+      return;
     }
     const int n16 = warp_uniform((it.count + Cfg::N_STEP - 1) / Cfg::N_STEP);
     if (Cfg::FULL_WIDTH_LOOP && n16 == Cfg::WIDTHS)
       consume_item<Cfg, true, kScalesInRange>(sm, pg, i, n16, w, ws, ep, act, a_pos, b_pos, releases_stagger);
     else
       consume_item<Cfg, false, kScalesInRange>(sm, pg, i, n16, w, ws, ep, act, a_pos, b_pos, releases_stagger);
+  };
+  // Only a CTA that gets an item waits for warpgroup 0's stagger arrivals: it may get none (the
+  // grid is sized for the most tiles the routing can make, and others may take them first).
+  if constexpr (Cfg::DYNAMIC_ITEMS) {
+    item_reader<Cfg, true> items;
+    bool first = true;
+    for (int64_t i = items.next(sm); i < pg.items; i = items.next(sm)) {
+      if (first && group > 0) cutlass::arch::NamedBarrier::sync(kStaggerThreads, group);
+      run_item(i, first && group == 0);
+      first = false;
+    }
+  } else {
+    if (group > 0 && blockIdx.x < pg.items) cutlass::arch::NamedBarrier::sync(kStaggerThreads, group);
+    for (int64_t i = blockIdx.x; i < pg.items; i += gridDim.x) run_item(i, group == 0 && i == blockIdx.x);
   }
 }
 
@@ -560,10 +582,11 @@ __global__ void __launch_bounds__(Cfg::THREADS, 1)
       detail::barrier_init(sm.b_full(s), 1);
       detail::barrier_init(sm.b_empty(s), Cfg::CONSUMER_WARPS);
     }
-    for (int s = 0; s < Cfg::ITEM_SLOTS; ++s) {
-      detail::barrier_init(sm.item_full(s), 1);
-      detail::barrier_init(sm.item_empty(s), kItemReaders(Cfg::CONSUMER_WARPS));
-    }
+    if constexpr (Cfg::DYNAMIC_ITEMS)
+      for (int s = 0; s < Cfg::ITEM_SLOTS; ++s) {
+        detail::barrier_init(sm.item_full(s), 1);
+        detail::barrier_init(sm.item_empty(s), kItemReaders(Cfg::CONSUMER_WARPS));
+      }
     detail::barrier_init_fence();
   }
   __syncthreads();
