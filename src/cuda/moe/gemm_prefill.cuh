@@ -8,8 +8,9 @@
 // tensor-memory-access engine (TMA) loads them.
 //
 // One CTA per SM, 4G + 4 warps (G + 1 warpgroups), no CTA-wide barrier after set-up:
-//   warpgroup G, the producers (setmaxnreg down to 32 or 24 registers; its last two warps leave):
-//     warp 4G, one lane — weights: per stage 4 K-steps (256 k) of the block's 4G fragment row
+//   warpgroup G, the producers (setmaxnreg down to 32 registers; its last two warps leave):
+//     warp 4G, one lane — work items (taken from a global counter, passed to the other roles)
+//       and weights: per stage 4 K-steps (256 k) of the block's 4G fragment row
 //       tiles (layout::sm90_fragment, [N/16][K/64] tiles of 512 code + 32 scale bytes), two TMA
 //       loads (codes, scales) through 3-D tensor maps over [experts x row tiles][K/64][tile], into
 //       a ring of A_STAGES slots;
@@ -89,7 +90,8 @@ namespace mxmoe::cuda::sm90 {
 // K-step of bf16, a 128-byte swizzle row.
 inline constexpr int kPrefillBoxCols = 64;
 
-template <int NMAX_, int A_STAGES_, int B_STAGES_, int CONSUMER_GROUPS_, int STAGGER_, int B_KSTEPS_ = 1>
+template <int NMAX_, int A_STAGES_, int B_STAGES_, int CONSUMER_GROUPS_, int STAGGER_, int B_KSTEPS_ = 1,
+          bool DYNAMIC_ITEMS_ = true>
 struct prefill_tile {
   static constexpr int CONSUMER_GROUPS = CONSUMER_GROUPS_;  // warpgroups of 64 weight rows
   static constexpr int CONSUMER_WARPS = 4 * CONSUMER_GROUPS;
@@ -112,6 +114,9 @@ struct prefill_tile {
   // reach an item's first conversion and its epilogue at the same time. The B ring bounds how far
   // warpgroup 0 may run ahead: STAGGER * (CONSUMER_GROUPS - 1) K-steps must leave it a slot.
   static constexpr int STAGGER = STAGGER_;
+  // Work items taken from the counter as CTAs become free ("work items" below), or item c + j·G
+  // to CTA c (G CTAs).
+  static constexpr bool DYNAMIC_ITEMS = DYNAMIC_ITEMS_;
   static constexpr int TILE_CODES = layout::sm90_fragment::kTileBytes;
   static constexpr int TILE_SCALES = layout::sm90_fragment::kTileScaleBytes;
   // Weight stage: codes [ROW_TILES][A_KSTEPS][512], then scales [ROW_TILES][A_KSTEPS][32] (the
@@ -130,16 +135,23 @@ struct prefill_tile {
   // what the producers give back, never the part of the register file the launch left unallocated
   // (with four consumer warpgroups 640 x 96 = 61440 of 65536; asking for 120 hung every launch,
   // docs/performance.md, thirteenth session). Three consumer warpgroups: 32 and 160 of 128; four:
-  // 24 and 112 of 96.
+  // 24 and 112 of 96, or 32 and 112 where the weight loader takes the work items from the counter
+  // (24 spilled it).
   static constexpr int LAUNCH_REGISTERS = 65536 / THREADS / 8 * 8;
-  static constexpr int PRODUCER_REGISTERS = CONSUMER_GROUPS == 3 ? 32 : 24;
+  static constexpr int PRODUCER_REGISTERS = CONSUMER_GROUPS == 3 || DYNAMIC_ITEMS ? 32 : 24;
   static constexpr int CTA_REGISTERS = THREADS * LAUNCH_REGISTERS;
   static constexpr int CONSUMER_REGISTERS = (CTA_REGISTERS - 128 * PRODUCER_REGISTERS) / (32 * CONSUMER_WARPS) / 8 * 8;
-  // Shared memory, from a 1024-byte aligned base: [B slots][A slots][epilogue stages][barriers].
+  // Work items handed from the weight loader to the other roles (load_weights): slots enough that
+  // the loader, at most A_STAGES weight stages ahead, never waits for one while the rings have room.
+  static constexpr int ITEM_SLOTS = 8;
+  // Shared memory, from a 1024-byte aligned base: [B slots][A slots][epilogue stages][barriers]
+  // [item slots].
   static constexpr int A_OFFSET = B_STAGES * B_STAGE_BYTES;
   static constexpr int STAGE_OFFSET = A_OFFSET + A_STAGES * A_STAGE_BYTES;
   static constexpr int BAR_OFFSET = STAGE_OFFSET + CONSUMER_WARPS * kEpilogueStageBytes;
-  static constexpr int SMEM_BYTES = 1024 + BAR_OFFSET + 2 * (A_STAGES + B_STAGES) * 8;
+  static constexpr int BARRIERS = 2 * (A_STAGES + B_STAGES + ITEM_SLOTS);
+  static constexpr int ITEM_OFFSET = BAR_OFFSET + BARRIERS * 8;
+  static constexpr int SMEM_BYTES = 1024 + ITEM_OFFSET + ITEM_SLOTS * 4;
   static_assert(STAGGER * (CONSUMER_GROUPS - 1) < (B_STAGES - 1) * B_KSTEPS + 1,
                 "warpgroup 0 must not wait for a slot the others hold");
   static_assert(A_KSTEPS % B_KSTEPS == 0, "activation slots of 1, 2 or 4 K-steps (a divisor of a weight stage's)");
@@ -169,7 +181,7 @@ struct prefill_tile {
 // layer 0.93-0.98 at T = 512 (nineteenth session). Then 3 slots of 4 K-steps, one per weight
 // stage (the ring advanced once per stage), with 3 weight stages: 0.972-0.994 of the layer at
 // T = 512 on gpt-oss-120b, Qwen3-30B-A3B and Kimi-K2 (H100, twentieth session).
-using prefill_narrow_tile = prefill_tile<64, 3, 3, 4, 2, 4>;
+using prefill_narrow_tile = prefill_tile<64, 3, 3, 4, 2, 4, false>;
 // Mid, 49..72 pairs per expert: the same warps; 96 pairs, because a 112-wide accumulator does not
 // fit 112 registers without serializing the wgmmas (ptxas C7512). 4 slots of 2 K-steps (5 do not
 // fit with 3 weight stages), so the warpgroups start 1 K-step apart. Slots of 4 K-steps here
@@ -218,15 +230,62 @@ struct prefill_smem {
   __device__ uint64_t* a_empty(int s) const { return bar(Cfg::A_STAGES + s); }
   __device__ uint64_t* b_full(int s) const { return bar(2 * Cfg::A_STAGES + s); }
   __device__ uint64_t* b_empty(int s) const { return bar(2 * Cfg::A_STAGES + Cfg::B_STAGES + s); }
+  __device__ uint64_t* item_full(int s) const { return bar(2 * (Cfg::A_STAGES + Cfg::B_STAGES) + s); }
+  __device__ uint64_t* item_empty(int s) const {
+    return bar(2 * (Cfg::A_STAGES + Cfg::B_STAGES) + Cfg::ITEM_SLOTS + s);
+  }
+  __device__ int* item(int s) const { return reinterpret_cast<int*>(base + Cfg::ITEM_OFFSET) + s; }
+};
+
+// ---- work items --------------------------------------------------------------------------
+// The items are taken at run time, one at a time, from a counter in global memory (the routing
+// kernel that wrote num_tiles set it to 0): a CTA that drew short items takes more, and all CTAs
+// finish within about one item of each other. Handed out round-robin instead (item c + j·G to
+// CTA c, until 2026-12-06), CTAs that drew long items set the kernel's end: ncu put the SMs'
+// active cycles at 90 % of the elapsed ones in both GEMMs at Qwen3-30B-A3B T = 2048 (8 items per
+// CTA). Which CTA computes an output does not change it: one CTA per output, its K order fixed.
+// The weight loader's lane takes the items (it needs them first) and passes each to the
+// activation loader and the consumer warps through ITEM_SLOTS shared-memory slots, each with a
+// full barrier (its arrival) and an empty one (one arrival per reader). An index >= items ends
+// every role's loop.
+constexpr int kItemReaders(int consumer_warps) { return consumer_warps + 1; }
+
+// WHOLE_WARP: read by every lane of the warp (the consumers), one of which gives the slot back;
+// else by one lane (the activation loader). Without DYNAMIC_ITEMS every role walks items c,
+// c + G, ... itself (no slots).
+template <class Cfg, bool WHOLE_WARP>
+struct item_reader {
+  detail::ring_pos<Cfg::ITEM_SLOTS> pos;
+  __device__ __forceinline__ int64_t next(const prefill_smem<Cfg>& sm) {
+    detail::wait_full(sm.item_full(pos.slot), pos.phase);
+    int i = *sm.item(pos.slot);
+    if constexpr (WHOLE_WARP) {
+      i = warp_uniform(i);
+      __syncwarp();
+      if (cute::elect_one_sync()) detail::arrive(sm.item_empty(pos.slot));
+    } else {
+      detail::arrive(sm.item_empty(pos.slot));
+    }
+    pos.advance();
+    return i;
+  }
 };
 
 // ---- loaders (one lane each) -------------------------------------------------------------
 
+// One lane. `counter`: this GEMM's in ws.item_counters.
 template <class Cfg>
 __device__ void load_weights(const prefill_smem<Cfg>& sm, const prefill_maps<Cfg::WIDTHS>& maps,
-                             const moe_workspace& ws, const prefill_grid& pg) {
+                             const moe_workspace& ws, const prefill_grid& pg, int* counter) {
   detail::ring_pos<Cfg::A_STAGES> pos;
-  for (int64_t i = blockIdx.x; i < pg.items; i += gridDim.x) {
+  detail::ring_pos<Cfg::ITEM_SLOTS> items;
+  // The next item is taken right after the current one's last weight stage is issued, while the
+  // ring is full and this lane would only wait: the counter's and the tile's round trips then
+  // overlap the consumers' work. Taken once the ring had room for its first stage instead, the
+  // consumers of short items (Qwen3-30B-A3B T = 512: 3-stage rings, 3 or 8 stages per item) waited
+  // for those round trips at every item (GEMMs +3 %, 2026-12-06); taken a whole item ahead, the
+  // item is one a CTA that becomes free sooner cannot have.
+  auto load_item = [&](int64_t i) {
     const prefill_item it = prefill_item_at<Cfg::ROW_TILES>(ws, pg, i);
     // Row tiles of the block past the matrix are the next expert's (or zeros): loaded, not used.
     const int row0 = it.expert * pg.row_tiles + it.row_tile0;
@@ -238,6 +297,20 @@ __device__ void load_weights(const prefill_smem<Cfg>& sm, const prefill_maps<Cfg
       detail::tma_load_3d(sm.a_slot(pos.slot) + Cfg::A_CODE_BYTES, &maps.scales, 0, ks, row0, full);
       pos.advance();
     }
+  };
+  if constexpr (Cfg::DYNAMIC_ITEMS) {
+    int i = atomicAdd(counter, 1);
+    for (;;) {
+      detail::wait_empty(sm.item_empty(items.slot), items.phase);
+      *sm.item(items.slot) = i;
+      detail::arrive(sm.item_full(items.slot));
+      items.advance();
+      if (i >= pg.items) break;
+      load_item(i);
+      i = atomicAdd(counter, 1);
+    }
+  } else {
+    for (int64_t i = blockIdx.x; i < pg.items; i += gridDim.x) load_item(i);
   }
 }
 
@@ -245,7 +318,7 @@ template <class Cfg>
 __device__ void load_activations(const prefill_smem<Cfg>& sm, const prefill_maps<Cfg::WIDTHS>& maps,
                                  const moe_workspace& ws, const prefill_grid& pg) {
   detail::ring_pos<Cfg::B_STAGES> pos;
-  for (int64_t i = blockIdx.x; i < pg.items; i += gridDim.x) {
+  auto load_item = [&](int64_t i) {
     const prefill_item it = prefill_item_at<Cfg::ROW_TILES>(ws, pg, i);
     const int n16 = (it.count + Cfg::N_STEP - 1) / Cfg::N_STEP;
     const CUtensorMap* map = &maps.rows[n16 - 1];
@@ -259,6 +332,12 @@ __device__ void load_activations(const prefill_smem<Cfg>& sm, const prefill_maps
                             full);
       pos.advance();
     }
+  };
+  if constexpr (Cfg::DYNAMIC_ITEMS) {
+    item_reader<Cfg, false> items;
+    for (int64_t i = items.next(sm); i < pg.items; i = items.next(sm)) load_item(i);
+  } else {
+    for (int64_t i = blockIdx.x; i < pg.items; i += gridDim.x) load_item(i);
   }
 }
 
@@ -446,22 +525,32 @@ __device__ void consume(const prefill_smem<Cfg>& sm, const gemm_weights& w, cons
   detail::ring_pos<Cfg::B_STAGES> b_pos;
   const int first_tile_of_group = warp_index() & ~3;
   const int group = first_tile_of_group >> 2;
-  // The grid is sized for the most tiles the routing can make: a CTA may get no item, and then
-  // warpgroup 0 never arrives.
-  if (group > 0 && blockIdx.x < pg.items)
-    cutlass::arch::NamedBarrier::sync(kStaggerThreads, group);
-  for (int64_t i = blockIdx.x; i < pg.items; i += gridDim.x) {
+  // releases_stagger: the CTA's first item, in warpgroup 0 (which never skips an item).
+  auto run_item = [&](int64_t i, bool releases_stagger) {
     const prefill_item it = prefill_item_at<Cfg::ROW_TILES>(ws, pg, i);
     if (first_tile_of_group >= warp_uniform(it.row_tiles)) {
       skip_item<Cfg>(sm, pg.ksteps, a_pos, b_pos);
-      continue;
+      return;
     }
     const int n16 = warp_uniform((it.count + Cfg::N_STEP - 1) / Cfg::N_STEP);
-    const bool first = group == 0 && i == blockIdx.x;  // warpgroup 0 never skips an item
     if (Cfg::FULL_WIDTH_LOOP && n16 == Cfg::WIDTHS)
-      consume_item<Cfg, true, kScalesInRange>(sm, pg, i, n16, w, ws, ep, act, a_pos, b_pos, first);
+      consume_item<Cfg, true, kScalesInRange>(sm, pg, i, n16, w, ws, ep, act, a_pos, b_pos, releases_stagger);
     else
-      consume_item<Cfg, false, kScalesInRange>(sm, pg, i, n16, w, ws, ep, act, a_pos, b_pos, first);
+      consume_item<Cfg, false, kScalesInRange>(sm, pg, i, n16, w, ws, ep, act, a_pos, b_pos, releases_stagger);
+  };
+  // Only a CTA that gets an item waits for warpgroup 0's stagger arrivals: it may get none (the
+  // grid is sized for the most tiles the routing can make, and others may take them first).
+  if constexpr (Cfg::DYNAMIC_ITEMS) {
+    item_reader<Cfg, true> items;
+    bool first = true;
+    for (int64_t i = items.next(sm); i < pg.items; i = items.next(sm)) {
+      if (first && group > 0) cutlass::arch::NamedBarrier::sync(kStaggerThreads, group);
+      run_item(i, first && group == 0);
+      first = false;
+    }
+  } else {
+    if (group > 0 && blockIdx.x < pg.items) cutlass::arch::NamedBarrier::sync(kStaggerThreads, group);
+    for (int64_t i = blockIdx.x; i < pg.items; i += gridDim.x) run_item(i, group == 0 && i == blockIdx.x);
   }
 }
 
@@ -493,6 +582,11 @@ __global__ void __launch_bounds__(Cfg::THREADS, 1)
       detail::barrier_init(sm.b_full(s), 1);
       detail::barrier_init(sm.b_empty(s), Cfg::CONSUMER_WARPS);
     }
+    if constexpr (Cfg::DYNAMIC_ITEMS)
+      for (int s = 0; s < Cfg::ITEM_SLOTS; ++s) {
+        detail::barrier_init(sm.item_full(s), 1);
+        detail::barrier_init(sm.item_empty(s), kItemReaders(Cfg::CONSUMER_WARPS));
+      }
     detail::barrier_init_fence();
   }
   __syncthreads();
@@ -508,7 +602,7 @@ __global__ void __launch_bounds__(Cfg::THREADS, 1)
       if (lane == 0) {
         cute::prefetch_tma_descriptor(reinterpret_cast<const cute::TmaDescriptor*>(&maps.codes));
         cute::prefetch_tma_descriptor(reinterpret_cast<const cute::TmaDescriptor*>(&maps.scales));
-        load_weights<Cfg>(sm, maps, ws, pg);
+        load_weights<Cfg>(sm, maps, ws, pg, ws.item_counters + (ep == epilogue_kind::weighted_down ? 1 : 0));
       }
     } else if (warp == Cfg::ACTIVATION_WARP) {
       if (lane < Cfg::WIDTHS)

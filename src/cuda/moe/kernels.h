@@ -38,6 +38,9 @@ struct moe_workspace {
   int32_t* offsets;     // [E + 1]
   int32_t* num_tiles;   // [1]
   int32_t* error_flag;  // [1]: bit 0 = an expert id was out of range (that slot contributes 0)
+  // [2]: the next work item of the prefill GEMM1 and GEMM2 (gemm_prefill.cuh hands items out
+  // through them), set to 0 by whichever kernel writes num_tiles.
+  int32_t* item_counters;
   tile_desc* tiles;     // [max_tiles]
   int32_t* ids;         // [T*k]
   float* weights;       // [T*k]

@@ -192,7 +192,7 @@ decode_split pick_decode_split(int bn, int ring_rows, int64_t est_tiles, int64_t
 }
 
 struct workspace_plan {
-  size_t counts, offsets, num_tiles, error_flag, tiles, ids, weights, pos, sorted, sorted_weights, act, ybuf, total;
+  size_t counts, offsets, num_tiles, error_flag, item_counters, tiles, ids, weights, pos, sorted, sorted_weights, act, ybuf, total;
   workspace_plan(int64_t tokens, const moe_config& c) {
     const size_t pairs = static_cast<size_t>(tokens * c.routing.top_k);
     const size_t e = static_cast<size_t>(c.shape.experts);
@@ -203,12 +203,13 @@ struct workspace_plan {
       o = align_up(o + bytes);
       return at;
     };
-    // counts .. error_flag are contiguous so that one memset clears them (four-step path).
+    // counts .. item_counters are contiguous so that one memset clears them (four-step path).
     counts = take(e * 4);
     offsets = counts + e * 4;
     num_tiles = offsets + (e + 1) * 4;
     error_flag = num_tiles + 4;
-    o = align_up(error_flag + 4);
+    item_counters = error_flag + 4;
+    o = align_up(item_counters + 8);
     tiles = take(tiles_n * sizeof(sm90::tile_desc));
     ids = take(pairs * 4);
     weights = take(pairs * 4);
@@ -219,11 +220,12 @@ struct workspace_plan {
     ybuf = take(pairs * static_cast<size_t>(c.shape.hidden) * 2);
     total = o;
   }
-  size_t clear_bytes() const { return error_flag + 4 - counts; }
+  size_t clear_bytes() const { return item_counters + 8 - counts; }
   sm90::moe_workspace bind(void* base) const {
     char* b = static_cast<char*>(base);
     return {reinterpret_cast<int32_t*>(b + counts),   reinterpret_cast<int32_t*>(b + offsets),
             reinterpret_cast<int32_t*>(b + num_tiles), reinterpret_cast<int32_t*>(b + error_flag),
+            reinterpret_cast<int32_t*>(b + item_counters),
             reinterpret_cast<sm90::tile_desc*>(b + tiles), reinterpret_cast<int32_t*>(b + ids),
             reinterpret_cast<float*>(b + weights),     reinterpret_cast<int32_t*>(b + pos),
             reinterpret_cast<int32_t*>(b + sorted),    reinterpret_cast<float*>(b + sorted_weights),

@@ -84,6 +84,7 @@ __global__ void __launch_bounds__(kPlanFewMaxTokens * 32) plan_few_kernel(plan_a
     if (lane == 0) {
       *ws.num_tiles = __popc(leaders);
       *ws.error_flag = 0;
+      ws.item_counters[0] = ws.item_counters[1] = 0;
     }
   }
   // offsets[e]: the valid pairs of smaller experts (offsets[E]: all of them).

@@ -2,11 +2,10 @@
 //
 // Item i = (tile i / row_blocks, row block i % row_blocks): one scheduled tile of an expert
 // (ws.tiles: up to NMAX expert-sorted pairs, in expert order; routing.cu) times one block of
-// ROW_TILES fragment row tiles (16 weight rows each). Persistent CTA c runs items c, c + G,
-// c + 2G, ... (G = gridDim.x): the row blocks of one tile run side by side, so its activations
-// are read from DRAM once and from L2 by every row block, and consecutive tiles of an expert
-// follow each other while its weights are still in L2. Every role of a CTA (the two loaders
-// and the consumers) walks the same sequence, so no schedule is passed between warps.
+// ROW_TILES fragment row tiles (16 weight rows each). The persistent CTAs take items in index
+// order as they become free (gemm_prefill.cuh, "work items"): the row blocks of one tile run
+// side by side, so its activations are read from DRAM once and from L2 by every row block, and
+// consecutive tiles of an expert follow each other while its weights are still in L2.
 #pragma once
 
 #include <cstdint>

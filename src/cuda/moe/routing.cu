@@ -109,7 +109,10 @@ __device__ int write_schedule(int count, int experts, int tokens_per_tile, int64
   schedule_scan(tmp).ExclusiveSum(tiles, tile0, total_tiles);
   if (e < experts) ws.offsets[e] = offset;
   if (e == experts - 1) ws.offsets[experts] = offset + count;
-  if (e == 0) *ws.num_tiles = total_tiles <= max_tiles ? total_tiles : static_cast<int>(max_tiles);
+  if (e == 0) {
+    *ws.num_tiles = total_tiles <= max_tiles ? total_tiles : static_cast<int>(max_tiles);
+    ws.item_counters[0] = ws.item_counters[1] = 0;
+  }
   for (int i = 0; i < tiles && tile0 + i < max_tiles; ++i) {
     const int start = i * tokens_per_tile;
     ws.tiles[tile0 + i] = tile_desc{e, offset + start, min(tokens_per_tile, count - start)};
