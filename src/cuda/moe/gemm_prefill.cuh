@@ -8,9 +8,9 @@
 // tensor-memory-access engine (TMA) loads them.
 //
 // One CTA per SM, 4G + 4 warps (G + 1 warpgroups), no CTA-wide barrier after set-up:
-//   warpgroup G, the producers (setmaxnreg down to 32 registers; its last two warps leave):
-//     warp 4G, one lane — work items (taken from a global counter, passed to the other roles)
-//       and weights: per stage 4 K-steps (256 k) of the block's 4G fragment row
+//   warpgroup G, the producers (setmaxnreg down to 32 or 24 registers; its last two warps leave):
+//     warp 4G, one lane — work items (mid and wide tiles: taken from a global counter and passed
+//       to the other roles) and weights: per stage 4 K-steps (256 k) of the block's 4G fragment row
 //       tiles (layout::sm90_fragment, [N/16][K/64] tiles of 512 code + 32 scale bytes), two TMA
 //       loads (codes, scales) through 3-D tensor maps over [experts x row tiles][K/64][tile], into
 //       a ring of A_STAGES slots;
@@ -247,12 +247,16 @@ struct prefill_smem {
 // The weight loader's lane takes the items (it needs them first) and passes each to the
 // activation loader and the consumer warps through ITEM_SLOTS shared-memory slots, each with a
 // full barrier (its arrival) and an empty one (one arrival per reader). An index >= items ends
-// every role's loop.
+// every role's loop. Measured (H100, twentieth session): SM active / elapsed cycles 0.91 -> 0.93-0.95
+// in both GEMMs at Qwen3 T = 2048, layer 0.96-0.98 at T = 8192-16384 and at gpt-oss T = 2048.
+// The narrow tile (prefill_narrow_tile) keeps round-robin items, each role counting them itself:
+// with items from the counter its GEMMs took 2-4 % longer at Qwen3 T = 512 (ncu), and as much when
+// the same round-robin items went through the slots, so not because of the order; the cause is
+// not isolated (the issue-bound narrow consumers' SASS was scheduled differently).
 constexpr int kItemReaders(int consumer_warps) { return consumer_warps + 1; }
 
 // WHOLE_WARP: read by every lane of the warp (the consumers), one of which gives the slot back;
-// else by one lane (the activation loader). Without DYNAMIC_ITEMS every role walks items c,
-// c + G, ... itself (no slots).
+// else by one lane (the activation loader).
 template <class Cfg, bool WHOLE_WARP>
 struct item_reader {
   detail::ring_pos<Cfg::ITEM_SLOTS> pos;
@@ -280,11 +284,10 @@ __device__ void load_weights(const prefill_smem<Cfg>& sm, const prefill_maps<Cfg
   detail::ring_pos<Cfg::A_STAGES> pos;
   detail::ring_pos<Cfg::ITEM_SLOTS> items;
   // The next item is taken right after the current one's last weight stage is issued, while the
-  // ring is full and this lane would only wait: the counter's and the tile's round trips then
-  // overlap the consumers' work. Taken once the ring had room for its first stage instead, the
-  // consumers of short items (Qwen3-30B-A3B T = 512: 3-stage rings, 3 or 8 stages per item) waited
-  // for those round trips at every item (GEMMs +3 %, 2026-12-06); taken a whole item ahead, the
-  // item is one a CTA that becomes free sooner cannot have.
+  // ring is full and this lane would only wait: the counter's and the tile's round trips overlap
+  // the consumers' work on the stages in the ring. (Taken once the ring had room for the item's
+  // first stage, those round trips delayed its copies; no difference was measurable. Taken a
+  // whole item ahead, the item is one that a CTA becoming free sooner cannot have.)
   auto load_item = [&](int64_t i) {
     const prefill_item it = prefill_item_at<Cfg::ROW_TILES>(ws, pg, i);
     // Row tiles of the block past the matrix are the next expert's (or zeros): loaded, not used.
