@@ -5,7 +5,9 @@
 // with MXMOE_MOE_PATH=default (scoped_moe_path: whatever the caller's environment says) and
 // checks, from a captured forward, that the gather and both prefill GEMMs are what runs. Against
 // the CPU reference, with the tolerances of docs/moe_layer.md; every case runs twice on
-// 0xFF-filled buffers and must match bitwise.
+// 0xFF-filled buffers and must match bitwise (the workspace's work-item counters of the mid and
+// wide tiles included: the routing kernels must zero them, and which CTA takes an item must not
+// change the output).
 //
 // Shapes come from the kernel's tiles: blocks of 192 weight rows, three consumer warpgroups of 64
 // (wide), or 256 rows and four warpgroups (narrow, mid). Wide: 2880 and 5760 = 15 and 30 whole
