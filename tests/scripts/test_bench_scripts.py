@@ -11,13 +11,16 @@
   * scripts/profile_moe.sh and bench/ncu_durations.py: one forward's kernels and durations per
     point, the full profile, failures and usage errors (with a stand-in ncu);
   * bench/ncu_source.py: a kernel's stall samples by reason, by opcode and per instruction, from
-    the source page.
+    the source page;
+  * bench/sass_loops.py: each GEMM kernel's innermost tensor-core loop in SASS, paired with a base
+    build's kernel of the same tile, and the opcodes that differ.
     python3 tests/scripts/test_bench_scripts.py
 """
 import ast
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -544,6 +547,73 @@ class NcuSource(unittest.TestCase):
         run = self.run_tool(self.csv)
         self.assertEqual(run.returncode, 1)
         self.assertIn("no source rows", run.stderr)
+
+
+# cuobjdump -sass output in miniature: two kernels, one a tile that gained a defaulted flag; the
+# tile's outer loop (0x0010..0x0080) holds the inner one (0x0020..0x0060), which holds the HGMMA.
+def sass(name, inner_extra):
+    body = ["        /*0000*/                   LDC R1, c[0x0][0x28] ;",
+            "        /*0010*/                   MOV R2, RZ ;",
+            "        /*0020*/                   LOP3.LUT R3, R2, 0xf, RZ, 0xc0, !PT ;"]
+    body += [f"        /*{0x30 + 0x10 * i:04x}*/                   {ins} ;" for i, ins in enumerate(inner_extra)]
+    n = 0x30 + 0x10 * len(inner_extra)
+    body += [f"        /*{n:04x}*/                   HGMMA.64x64x16.F32.BF16 R24, R128, gdesc[UR16], R24 ;",
+             f"        /*{n + 0x10:04x}*/              @!P0 BRA 0x20 ;",
+             f"        /*{n + 0x20:04x}*/                   IADD3 R2, R2, 0x1, RZ ;",
+             f"        /*{n + 0x30:04x}*/              @!P1 BRA 0x10 ;",
+             f"        /*{n + 0x40:04x}*/                   EXIT ;"]
+    return "\n".join([f"\tFunction : {name}", "\t.headerflags\t@\"EF_CUDA_SM90\""] + body) + "\n"
+
+
+TILE_OLD = "_ZN5mxmoe4cuda4sm9023moe_gemm_prefill_kernelINS1_12prefill_tileILi64ELi3ELi3ELi4ELi2ELi4EEELb1EEEvv"
+TILE_NEW = "_ZN5mxmoe4cuda4sm9023moe_gemm_prefill_kernelINS1_12prefill_tileILi64ELi3ELi3ELi4ELi2ELi4ELb1EEELb1EEEvv"
+
+
+class SassLoops(unittest.TestCase):
+    def setUp(self):
+        self.dir = tempfile.TemporaryDirectory()
+        self.new = os.path.join(self.dir.name, "new.txt")
+        self.base = os.path.join(self.dir.name, "base.txt")
+        with open(self.new, "w") as f:
+            f.write(sass(TILE_NEW, ["UISETP.GE.AND UP0, UPT, UR12, 0x7, UPT", "PLOP3.LUT P0, PT, PT, PT, UP0, 0x80, 0x0"]))
+            f.write(sass("_Z14combine_kernelv", ["FADD R4, R4, R5"]))
+        with open(self.base, "w") as f:
+            f.write(sass(TILE_OLD, ["ISETP.GE.AND P0, PT, R12, 0x7, PT"]))
+
+    def tearDown(self):
+        self.dir.cleanup()
+
+    def run_tool(self, *args):
+        return subprocess.run([sys.executable, os.path.join(ROOT, "bench", "sass_loops.py"), *args],
+                              capture_output=True, text=True)
+
+    @unittest.skipUnless(shutil.which("c++filt"), "no c++filt: kernels are paired by their demangled names")
+    def test_innermost_loop_paired_with_the_base_tile(self):
+        run = self.run_tool("--sass", self.new, "--base-sass", self.base)
+        self.assertEqual(run.returncode, 0, run.stderr)
+        lines = run.stdout.splitlines()
+        # The inner loop: LOP3, the two added instructions, HGMMA, BRA = 5 (base: 4); the kernel 10 (9).
+        self.assertRegex(lines[0], r"^\s+5 \(base 4\)\s+10 \(base 9\)\s+\S*moe_gemm_prefill_kernel")
+        self.assertIn("ISETP.GE.AND 1->0", lines[1])
+        self.assertIn("UISETP.GE.AND 0->1", lines[1])
+        self.assertIn("PLOP3.LUT 0->1", lines[1])
+        self.assertNotIn("combine", run.stdout)  # not a GEMM (--kernels moe_gemm by default)
+
+    def test_other_kernels_and_no_match(self):
+        run = self.run_tool("--sass", self.new, "--kernels", "combine")
+        self.assertEqual(run.returncode, 0, run.stderr)
+        self.assertRegex(run.stdout, r"^\s+4\s+9\s+\S*combine_kernel")
+        run = self.run_tool("--sass", self.new, "--kernels", "no_such_kernel")
+        self.assertEqual(run.returncode, 1)
+        self.assertIn("no kernel matches", run.stderr)
+
+    def test_usage_errors(self):
+        self.assertEqual(self.run_tool().returncode, 2)
+        run = self.run_tool("--sass", os.path.join(self.dir.name, "missing.txt"))
+        self.assertEqual(run.returncode, 2)
+        self.assertIn("missing.txt", run.stderr)
+        run = self.run_tool("/no/such/binary", "--cuobjdump", "/no/such/cuobjdump")
+        self.assertEqual(run.returncode, 2)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,172 @@
+#!/usr/bin/env python3
+"""The size of each GEMM kernel's main loop in SASS, and how two builds differ there.
+
+The prefill GEMMs' consumers are issue-bound in the narrow tile and near it in the others, so the
+instructions of their innermost loop (one weight stage: four K-steps of conversion and wgmma) set
+their speed. A change outside that loop can still change it: ptxas allocates registers for the
+whole kernel. On 2026-12-06 work items taken from a counter added 14 instructions to the narrow
+tile's loop (625 -> 639, +2.2 %: its GEMMs took 2-4 % longer) and 59 to the wide tile's (uniform
+width compares: UISETP + PLOP3 each) without touching the loop's code (docs/performance.md,
+twentieth session). Count them before spending device time:
+
+    python3 bench/sass_loops.py build/bin/bench_moe
+    python3 bench/sass_loops.py build/bin/bench_moe --base old/bin/bench_moe   # per-opcode differences
+    python3 bench/sass_loops.py --sass dump.txt                                 # cuobjdump -sass output
+
+For every kernel whose name matches --kernels (a regular expression; default the MoE GEMMs), the
+innermost loop that holds a tensor-core instruction (HGMMA or HMMA): the shortest instruction range
+from a backward branch's target to the branch. cuobjdump comes from --cuobjdump, $CUOBJDUMP, PATH
+or the CUDA toolkit's bin folder. Exit status 1 when no kernel matched, 2 on a usage error.
+"""
+import argparse
+import collections
+import os
+import re
+import shutil
+import subprocess
+import sys
+
+FUNCTION = re.compile(r"^\s+Function : (\S+)")
+INSTRUCTION = re.compile(r"^\s+/\*([0-9a-f]{4,})\*/\s+(.*?)\s*;")
+BRANCH = re.compile(r"\bBRA(?:\.\w+)*\s+(?:`\(\.L_x_\d+\)\s*)?0x([0-9a-f]+)")
+TENSOR = ("HGMMA", "HMMA")
+
+
+def parse_sass(text):
+    """{kernel name: [(address, instruction)]} from cuobjdump -sass output."""
+    kernels, current = {}, None
+    for line in text.splitlines():
+        m = FUNCTION.match(line)
+        if m:
+            current = kernels.setdefault(m.group(1), [])
+            continue
+        m = INSTRUCTION.match(line)
+        if m and current is not None:
+            current.append((int(m.group(1), 16), m.group(2)))
+    return kernels
+
+
+def opcode(instruction):
+    parts = instruction.split()
+    return parts[1] if parts[0].startswith("@") and len(parts) > 1 else parts[0]
+
+
+def innermost_tensor_loop(code):
+    """The shortest [target, backward branch] range holding a tensor-core instruction, or None."""
+    index = {address: i for i, (address, _) in enumerate(code)}
+    best = None
+    for i, (address, instruction) in enumerate(code):
+        m = BRANCH.search(instruction)
+        if not m:
+            continue
+        target = int(m.group(1), 16)
+        if target >= address or target not in index:
+            continue
+        body = [ins for _, ins in code[index[target]:i + 1]]
+        if any(opcode(ins).startswith(TENSOR) for ins in body) and (best is None or len(body) < len(best)):
+            best = body
+    return best
+
+
+def loops(kernels, pattern):
+    """{kernel: (instructions in the kernel, the loop's instructions or None)} of matching kernels."""
+    rx = re.compile(pattern)
+    return {name: (len(code), innermost_tensor_loop(code)) for name, code in sorted(kernels.items()) if rx.search(name)}
+
+
+def short_names(mangled):
+    """{mangled: readable} through c++filt when there is one: the name up to its parameters,
+    without the namespaces (else the mangled name)."""
+    names = {m: m for m in mangled}
+    tool = shutil.which("c++filt")
+    if tool and mangled:
+        run = subprocess.run([tool], input="\n".join(mangled), capture_output=True, text=True)
+        lines = run.stdout.splitlines()
+        if run.returncode == 0 and len(lines) == len(mangled):
+            for m, d in zip(mangled, lines):
+                d = re.sub(r"^void ", "", d)
+                depth = 0
+                for i, c in enumerate(d):  # cut at the parameter list: the first '(' outside <>
+                    depth += c == "<"
+                    depth -= c == ">"
+                    if c == "(" and depth == 0:
+                        d = d[:i]
+                        break
+                names[m] = re.sub(r"\b(?:mxmoe|cuda|sm90)::", "", d)
+    return names
+
+
+def pairing_key(name):
+    """What pairs a kernel with the base's: its readable name without the trailing boolean
+    arguments of its innermost template (a tile gaining a defaulted flag stays the same tile)."""
+    return re.sub(r"<([^<>]*?)(?:, (?:true|false))+>", r"<\1>", name)
+
+
+def find_cuobjdump(given):
+    for candidate in (given, os.environ.get("CUOBJDUMP"), shutil.which("cuobjdump"), "/usr/local/cuda/bin/cuobjdump"):
+        if candidate and os.path.isfile(candidate) and os.access(candidate, os.X_OK):
+            return candidate
+    return None
+
+
+def sass_of(binary, cuobjdump):
+    run = subprocess.run([cuobjdump, "-sass", binary], capture_output=True, text=True)
+    if run.returncode != 0:
+        raise RuntimeError(f"cuobjdump -sass {binary} failed: {run.stderr.strip()[:300]}")
+    return run.stdout
+
+
+def main(argv):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("binary", nargs="?", help="executable or object with sm_90a code")
+    ap.add_argument("--base", help="a second binary: print per-opcode differences of each loop against it")
+    ap.add_argument("--sass", help="cuobjdump -sass output to read instead of a binary")
+    ap.add_argument("--base-sass", help="the base's cuobjdump -sass output")
+    ap.add_argument("--kernels", default=r"moe_gemm", help="regular expression on the mangled kernel names")
+    ap.add_argument("--cuobjdump", help="path of cuobjdump")
+    a = ap.parse_args(argv)
+    if bool(a.binary) == bool(a.sass):
+        ap.error("name a binary or --sass, not both")
+    if a.base and a.base_sass:
+        ap.error("name --base or --base-sass, not both")
+    texts = {}
+    try:
+        if a.binary or a.base:
+            tool = find_cuobjdump(a.cuobjdump)
+            if tool is None:
+                ap.error("cuobjdump not found (--cuobjdump, $CUOBJDUMP, PATH, /usr/local/cuda/bin)")
+        texts["new"] = open(a.sass).read() if a.sass else sass_of(a.binary, tool)
+        if a.base or a.base_sass:
+            texts["base"] = open(a.base_sass).read() if a.base_sass else sass_of(a.base, tool)
+    except (OSError, RuntimeError) as e:
+        print(f"sass_loops.py: {e}", file=sys.stderr)
+        return 2
+    new = loops(parse_sass(texts["new"]), a.kernels)
+    if not new:
+        print(f"sass_loops.py: no kernel matches '{a.kernels}'", file=sys.stderr)
+        return 1
+    base = loops(parse_sass(texts["base"]), a.kernels) if "base" in texts else {}
+    names = short_names(sorted(set(new) | set(base)))
+    by_key = {pairing_key(names[m]): m for m in base}
+    for name, (total, loop) in new.items():
+        size = len(loop) if loop else "-"
+        line = f"{size:>6}  {total:>6}  {names[name]}"
+        match = by_key.get(pairing_key(names[name]))
+        if match is not None:
+            btotal, bloop = base[match]
+            line = f"{size:>6} (base {len(bloop) if bloop else '-'})  {total:>6} (base {btotal})  {names[name]}"
+            if loop and bloop:
+                cn, cb = collections.Counter(map(opcode, loop)), collections.Counter(map(opcode, bloop))
+                diff = sorted(((k, cb[k], cn[k]) for k in set(cn) | set(cb) if cn[k] != cb[k]),
+                              key=lambda t: -abs(t[2] - t[1]))
+                if diff:
+                    line += "\n        " + ", ".join(f"{k} {b}->{n}" for k, b, n in diff[:12])
+        elif base:
+            line += "  (not in the base)"
+        print(line)
+    print("columns: innermost tensor-core loop, kernel (SASS instructions); kernel")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
