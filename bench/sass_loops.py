@@ -15,7 +15,9 @@ twentieth session). Count them before spending device time:
 
 For every kernel whose name matches --kernels (a regular expression; default the MoE GEMMs), the
 innermost loop that holds a tensor-core instruction (HGMMA or HMMA): the shortest instruction range
-from a backward branch's target to the branch. cuobjdump comes from --cuobjdump, $CUOBJDUMP, PATH
+from a backward branch's target to the branch. The count is static: the loop body holds every path
+(the prefill tiles' loop holds one wgmma sequence per tile width, of which a K-step runs one), so
+read the opcodes that differ and where they sit, not only the total. cuobjdump comes from --cuobjdump, $CUOBJDUMP, PATH
 or the CUDA toolkit's bin folder. Exit status 1 when no kernel matched, 2 on a usage error.
 """
 import argparse
