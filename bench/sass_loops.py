@@ -15,7 +15,8 @@ twentieth session). Count them before spending device time:
 
 For every kernel whose name matches --kernels (a regular expression; default the MoE GEMMs), the
 innermost loop that holds a tensor-core instruction (HGMMA or HMMA): the shortest instruction range
-from a backward branch's target to the branch. The count is static: the loop body holds every path
+from a backward branch's target to the branch; in brackets the next larger such loops (the decode
+GEMM's shortest is its partial last stage, its stage loop comes next). The count is static: the loop body holds every path
 (the prefill tiles' loop holds one wgmma sequence per tile width, of which a K-step runs one), so
 read the opcodes that differ and where they sit, not only the total. cuobjdump comes from --cuobjdump, $CUOBJDUMP, PATH
 or the CUDA toolkit's bin folder. Exit status 1 when no kernel matched, 2 on a usage error.
@@ -53,10 +54,10 @@ def opcode(instruction):
     return parts[1] if parts[0].startswith("@") and len(parts) > 1 else parts[0]
 
 
-def innermost_tensor_loop(code):
-    """The shortest [target, backward branch] range holding a tensor-core instruction, or None."""
+def tensor_loops(code):
+    """Every [target, backward branch] range holding a tensor-core instruction, shortest first."""
     index = {address: i for i, (address, _) in enumerate(code)}
-    best = None
+    found = []
     for i, (address, instruction) in enumerate(code):
         m = BRANCH.search(instruction)
         if not m:
@@ -65,15 +66,21 @@ def innermost_tensor_loop(code):
         if target >= address or target not in index:
             continue
         body = [ins for _, ins in code[index[target]:i + 1]]
-        if any(opcode(ins).startswith(TENSOR) for ins in body) and (best is None or len(body) < len(best)):
-            best = body
-    return best
+        if any(opcode(ins).startswith(TENSOR) for ins in body):
+            found.append(body)
+    return sorted(found, key=len)
+
+
+def innermost_tensor_loop(code):
+    """The shortest [target, backward branch] range holding a tensor-core instruction, or None."""
+    loops = tensor_loops(code)
+    return loops[0] if loops else None
 
 
 def loops(kernels, pattern):
     """{kernel: (instructions in the kernel, the loop's instructions or None)} of matching kernels."""
     rx = re.compile(pattern)
-    return {name: (len(code), innermost_tensor_loop(code)) for name, code in sorted(kernels.items()) if rx.search(name)}
+    return {name: (len(code), tensor_loops(code)) for name, code in sorted(kernels.items()) if rx.search(name)}
 
 
 def short_names(mangled):
@@ -150,13 +157,17 @@ def main(argv):
     base = loops(parse_sass(texts["base"]), a.kernels) if "base" in texts else {}
     names = short_names(sorted(set(new) | set(base)))
     by_key = {pairing_key(names[m]): m for m in base}
-    for name, (total, loop) in new.items():
-        size = len(loop) if loop else "-"
-        line = f"{size:>6}  {total:>6}  {names[name]}"
+    def sizes(found):  # the innermost loop's size, then the next larger loops' (up to two)
+        return f"{len(found[0])}" + (f" [{', '.join(str(len(b)) for b in found[1:3])}]" if len(found) > 1 else "") \
+            if found else "-"
+    for name, (total, found) in new.items():
+        loop = found[0] if found else None
+        line = f"{sizes(found):>6}  {total:>6}  {names[name]}"
         match = by_key.get(pairing_key(names[name]))
         if match is not None:
-            btotal, bloop = base[match]
-            line = f"{size:>6} (base {len(bloop) if bloop else '-'})  {total:>6} (base {btotal})  {names[name]}"
+            btotal, bfound = base[match]
+            bloop = bfound[0] if bfound else None
+            line = f"{sizes(found):>6} (base {sizes(bfound)})  {total:>6} (base {btotal})  {names[name]}"
             if loop and bloop:
                 cn, cb = collections.Counter(map(opcode, loop)), collections.Counter(map(opcode, bloop))
                 diff = sorted(((k, cb[k], cn[k]) for k in set(cn) | set(cb) if cn[k] != cb[k]),
@@ -166,7 +177,7 @@ def main(argv):
         elif base:
             line += "  (not in the base)"
         print(line)
-    print("columns: innermost tensor-core loop, kernel (SASS instructions); kernel")
+    print("columns: innermost tensor-core loop [the next larger ones], kernel (SASS instructions); kernel")
     return 0
 
 

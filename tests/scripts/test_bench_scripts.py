@@ -592,8 +592,9 @@ class SassLoops(unittest.TestCase):
         run = self.run_tool("--sass", self.new, "--base-sass", self.base)
         self.assertEqual(run.returncode, 0, run.stderr)
         lines = run.stdout.splitlines()
-        # The inner loop: LOP3, the two added instructions, HGMMA, BRA = 5 (base: 4); the kernel 10 (9).
-        self.assertRegex(lines[0], r"^\s+5 \(base 4\)\s+10 \(base 9\)\s+\S*moe_gemm_prefill_kernel")
+        # The inner loop: LOP3, the two added instructions, HGMMA, BRA = 5 (base: 4); the outer one
+        # adds MOV, IADD3 and its BRA: 8 (7); the kernel 10 (9).
+        self.assertRegex(lines[0], r"^\s*5 \[8\] \(base 4 \[7\]\)\s+10 \(base 9\)\s+\S*moe_gemm_prefill_kernel")
         self.assertIn("ISETP.GE.AND 1->0", lines[1])
         self.assertIn("UISETP.GE.AND 0->1", lines[1])
         self.assertIn("PLOP3.LUT 0->1", lines[1])
@@ -602,7 +603,7 @@ class SassLoops(unittest.TestCase):
     def test_other_kernels_and_no_match(self):
         run = self.run_tool("--sass", self.new, "--kernels", "combine")
         self.assertEqual(run.returncode, 0, run.stderr)
-        self.assertRegex(run.stdout, r"^\s+4\s+9\s+\S*combine_kernel")
+        self.assertRegex(run.stdout, r"^\s*4 \[7\]\s+9\s+\S*combine_kernel")
         run = self.run_tool("--sass", self.new, "--kernels", "no_such_kernel")
         self.assertEqual(run.returncode, 1)
         self.assertIn("no kernel matches", run.stderr)
