@@ -181,7 +181,7 @@ struct prefill_tile {
 // layer 0.93-0.98 at T = 512 (nineteenth session). Then 3 slots of 4 K-steps, one per weight
 // stage (the ring advanced once per stage), with 3 weight stages: 0.972-0.994 of the layer at
 // T = 512 on gpt-oss-120b, Qwen3-30B-A3B and Kimi-K2 (H100, twentieth session).
-using prefill_narrow_tile = prefill_tile<64, 3, 3, 4, 2, 4, false>;
+using prefill_narrow_tile = prefill_tile<64, 3, 3, 4, 2, 4, true>;
 // Mid, 49..72 pairs per expert: the same warps; 96 pairs, because a 112-wide accumulator does not
 // fit 112 registers without serializing the wgmmas (ptxas C7512). 4 slots of 2 K-steps (5 do not
 // fit with 3 weight stages), so the warpgroups start 1 K-step apart. Slots of 4 K-steps here
@@ -257,20 +257,24 @@ constexpr int kItemReaders(int consumer_warps) { return consumer_warps + 1; }
 
 // WHOLE_WARP: read by every lane of the warp (the consumers), one of which gives the slot back;
 // else by one lane (the activation loader).
+// One counter of the items read (slot and parity derived from it: one register live across the
+// consumers' K-step loop instead of two).
 template <class Cfg, bool WHOLE_WARP>
 struct item_reader {
-  detail::ring_pos<Cfg::ITEM_SLOTS> pos;
+  static_assert((Cfg::ITEM_SLOTS & (Cfg::ITEM_SLOTS - 1)) == 0, "a power of 2");
+  uint32_t read = 0;
   __device__ __forceinline__ int64_t next(const prefill_smem<Cfg>& sm) {
-    detail::wait_full(sm.item_full(pos.slot), pos.phase);
-    int i = *sm.item(pos.slot);
+    const int slot = static_cast<int>(read % Cfg::ITEM_SLOTS);
+    detail::wait_full(sm.item_full(slot), (read / Cfg::ITEM_SLOTS) & 1u);
+    int i = *sm.item(slot);
     if constexpr (WHOLE_WARP) {
       i = warp_uniform(i);
       __syncwarp();
-      if (cute::elect_one_sync()) detail::arrive(sm.item_empty(pos.slot));
+      if (cute::elect_one_sync()) detail::arrive(sm.item_empty(slot));
     } else {
-      detail::arrive(sm.item_empty(pos.slot));
+      detail::arrive(sm.item_empty(slot));
     }
-    pos.advance();
+    ++read;
     return i;
   }
 };
@@ -545,11 +549,10 @@ __device__ void consume(const prefill_smem<Cfg>& sm, const gemm_weights& w, cons
   // grid is sized for the most tiles the routing can make, and others may take them first).
   if constexpr (Cfg::DYNAMIC_ITEMS) {
     item_reader<Cfg, true> items;
-    bool first = true;
     for (int64_t i = items.next(sm); i < pg.items; i = items.next(sm)) {
+      const bool first = items.read == 1;
       if (first && group > 0) cutlass::arch::NamedBarrier::sync(kStaggerThreads, group);
       run_item(i, first && group == 0);
-      first = false;
     }
   } else {
     if (group > 0 && blockIdx.x < pg.items) cutlass::arch::NamedBarrier::sync(kStaggerThreads, group);
