@@ -9,7 +9,7 @@
 //
 // One CTA per SM, 4G + 4 warps (G + 1 warpgroups), no CTA-wide barrier after set-up:
 //   warpgroup G, the producers (setmaxnreg down to 32 or 24 registers; its last two warps leave):
-//     warp 4G, one lane — work items (mid and wide tiles: taken from a global counter and passed
+//     warp 4G, one lane — work items (taken from a global counter and passed
 //       to the other roles) and weights: per stage 4 K-steps (256 k) of the block's 4G fragment row
 //       tiles (layout::sm90_fragment, [N/16][K/64] tiles of 512 code + 32 scale bytes), two TMA
 //       loads (codes, scales) through 3-D tensor maps over [experts x row tiles][K/64][tile], into
@@ -90,8 +90,7 @@ namespace mxmoe::cuda::sm90 {
 // K-step of bf16, a 128-byte swizzle row.
 inline constexpr int kPrefillBoxCols = 64;
 
-template <int NMAX_, int A_STAGES_, int B_STAGES_, int CONSUMER_GROUPS_, int STAGGER_, int B_KSTEPS_ = 1,
-          bool DYNAMIC_ITEMS_ = true>
+template <int NMAX_, int A_STAGES_, int B_STAGES_, int CONSUMER_GROUPS_, int STAGGER_, int B_KSTEPS_ = 1>
 struct prefill_tile {
   static constexpr int CONSUMER_GROUPS = CONSUMER_GROUPS_;  // warpgroups of 64 weight rows
   static constexpr int CONSUMER_WARPS = 4 * CONSUMER_GROUPS;
@@ -114,9 +113,6 @@ struct prefill_tile {
   // reach an item's first conversion and its epilogue at the same time. The B ring bounds how far
   // warpgroup 0 may run ahead: STAGGER * (CONSUMER_GROUPS - 1) K-steps must leave it a slot.
   static constexpr int STAGGER = STAGGER_;
-  // Work items taken from the counter as CTAs become free ("work items" below), or item c + j·G
-  // to CTA c (G CTAs).
-  static constexpr bool DYNAMIC_ITEMS = DYNAMIC_ITEMS_;
   static constexpr int TILE_CODES = layout::sm90_fragment::kTileBytes;
   static constexpr int TILE_SCALES = layout::sm90_fragment::kTileScaleBytes;
   // Weight stage: codes [ROW_TILES][A_KSTEPS][512], then scales [ROW_TILES][A_KSTEPS][32] (the
@@ -135,10 +131,9 @@ struct prefill_tile {
   // what the producers give back, never the part of the register file the launch left unallocated
   // (with four consumer warpgroups 640 x 96 = 61440 of 65536; asking for 120 hung every launch,
   // docs/performance.md, thirteenth session). Three consumer warpgroups: 32 and 160 of 128; four:
-  // 24 and 112 of 96, or 32 and 112 where the weight loader takes the work items from the counter
-  // (24 spilled it).
+  // 32 and 112 of 96 (24 spilled the weight loader, which takes the work items from the counter).
   static constexpr int LAUNCH_REGISTERS = 65536 / THREADS / 8 * 8;
-  static constexpr int PRODUCER_REGISTERS = CONSUMER_GROUPS == 3 || DYNAMIC_ITEMS ? 32 : 24;
+  static constexpr int PRODUCER_REGISTERS = 32;
   static constexpr int CTA_REGISTERS = THREADS * LAUNCH_REGISTERS;
   static constexpr int CONSUMER_REGISTERS = (CTA_REGISTERS - 128 * PRODUCER_REGISTERS) / (32 * CONSUMER_WARPS) / 8 * 8;
   // Work items handed from the weight loader to the other roles (load_weights): slots enough that
@@ -181,7 +176,7 @@ struct prefill_tile {
 // layer 0.93-0.98 at T = 512 (nineteenth session). Then 3 slots of 4 K-steps, one per weight
 // stage (the ring advanced once per stage), with 3 weight stages: 0.972-0.994 of the layer at
 // T = 512 on gpt-oss-120b, Qwen3-30B-A3B and Kimi-K2 (H100, twentieth session).
-using prefill_narrow_tile = prefill_tile<64, 3, 3, 4, 2, 4, true>;
+using prefill_narrow_tile = prefill_tile<64, 3, 3, 4, 2, 4>;
 // Mid, 49..72 pairs per expert: the same warps; 96 pairs, because a 112-wide accumulator does not
 // fit 112 registers without serializing the wgmmas (ptxas C7512). 4 slots of 2 K-steps (5 do not
 // fit with 3 weight stages), so the warpgroups start 1 K-step apart. Slots of 4 K-steps here
@@ -249,10 +244,11 @@ struct prefill_smem {
 // full barrier (its arrival) and an empty one (one arrival per reader). An index >= items ends
 // every role's loop. Measured (H100, twentieth session): SM active / elapsed cycles 0.91 -> 0.93-0.95
 // in both GEMMs at Qwen3 T = 2048, layer 0.96-0.98 at T = 8192-16384 and at gpt-oss T = 2048.
-// The narrow tile (prefill_narrow_tile) keeps round-robin items, each role counting them itself:
-// with items from the counter its GEMMs took 2-4 % longer at Qwen3 T = 512 (ncu), and as much when
-// the same round-robin items went through the slots, so not because of the order; the cause is
-// not isolated (the issue-bound narrow consumers' SASS was scheduled differently).
+// The narrow tile kept round-robin items for a day: from the counter its GEMMs took 2-4 % longer
+// at Qwen3 T = 512, because its issue-bound K-step loop grew from 625 to 639 SASS instructions per
+// weight stage (bench/sass_loops.py). With one counter per item reader instead of a slot and a
+// phase (item_reader) the loop is 626, and the layer 0.98-0.99 at gpt-oss T = 512-2048 and Qwen3
+// T = 2048, 1.008 at Qwen3 T = 512 (H100, twenty-first session).
 constexpr int kItemReaders(int consumer_warps) { return consumer_warps + 1; }
 
 // WHOLE_WARP: read by every lane of the warp (the consumers), one of which gives the slot back;
@@ -305,19 +301,15 @@ __device__ void load_weights(const prefill_smem<Cfg>& sm, const prefill_maps<Cfg
       pos.advance();
     }
   };
-  if constexpr (Cfg::DYNAMIC_ITEMS) {
-    int i = atomicAdd(counter, 1);
-    for (;;) {
-      detail::wait_empty(sm.item_empty(items.slot), items.phase);
-      *sm.item(items.slot) = i;
-      detail::arrive(sm.item_full(items.slot));
-      items.advance();
-      if (i >= pg.items) break;
-      load_item(i);
-      i = atomicAdd(counter, 1);
-    }
-  } else {
-    for (int64_t i = blockIdx.x; i < pg.items; i += gridDim.x) load_item(i);
+  int i = atomicAdd(counter, 1);
+  for (;;) {
+    detail::wait_empty(sm.item_empty(items.slot), items.phase);
+    *sm.item(items.slot) = i;
+    detail::arrive(sm.item_full(items.slot));
+    items.advance();
+    if (i >= pg.items) break;
+    load_item(i);
+    i = atomicAdd(counter, 1);
   }
 }
 
@@ -340,12 +332,8 @@ __device__ void load_activations(const prefill_smem<Cfg>& sm, const prefill_maps
       pos.advance();
     }
   };
-  if constexpr (Cfg::DYNAMIC_ITEMS) {
-    item_reader<Cfg, false> items;
-    for (int64_t i = items.next(sm); i < pg.items; i = items.next(sm)) load_item(i);
-  } else {
-    for (int64_t i = blockIdx.x; i < pg.items; i += gridDim.x) load_item(i);
-  }
+  item_reader<Cfg, false> items;
+  for (int64_t i = items.next(sm); i < pg.items; i = items.next(sm)) load_item(i);
 }
 
 // ---- consumers ---------------------------------------------------------------------------
@@ -547,16 +535,11 @@ __device__ void consume(const prefill_smem<Cfg>& sm, const gemm_weights& w, cons
   };
   // Only a CTA that gets an item waits for warpgroup 0's stagger arrivals: it may get none (the
   // grid is sized for the most tiles the routing can make, and others may take them first).
-  if constexpr (Cfg::DYNAMIC_ITEMS) {
-    item_reader<Cfg, true> items;
-    for (int64_t i = items.next(sm); i < pg.items; i = items.next(sm)) {
-      const bool first = items.read == 1;
-      if (first && group > 0) cutlass::arch::NamedBarrier::sync(kStaggerThreads, group);
-      run_item(i, first && group == 0);
-    }
-  } else {
-    if (group > 0 && blockIdx.x < pg.items) cutlass::arch::NamedBarrier::sync(kStaggerThreads, group);
-    for (int64_t i = blockIdx.x; i < pg.items; i += gridDim.x) run_item(i, group == 0 && i == blockIdx.x);
+  item_reader<Cfg, true> items;
+  for (int64_t i = items.next(sm); i < pg.items; i = items.next(sm)) {
+    const bool first = items.read == 1;
+    if (first && group > 0) cutlass::arch::NamedBarrier::sync(kStaggerThreads, group);
+    run_item(i, first && group == 0);
   }
 }
 
@@ -588,11 +571,10 @@ __global__ void __launch_bounds__(Cfg::THREADS, 1)
       detail::barrier_init(sm.b_full(s), 1);
       detail::barrier_init(sm.b_empty(s), Cfg::CONSUMER_WARPS);
     }
-    if constexpr (Cfg::DYNAMIC_ITEMS)
-      for (int s = 0; s < Cfg::ITEM_SLOTS; ++s) {
-        detail::barrier_init(sm.item_full(s), 1);
-        detail::barrier_init(sm.item_empty(s), kItemReaders(Cfg::CONSUMER_WARPS));
-      }
+    for (int s = 0; s < Cfg::ITEM_SLOTS; ++s) {
+      detail::barrier_init(sm.item_full(s), 1);
+      detail::barrier_init(sm.item_empty(s), kItemReaders(Cfg::CONSUMER_WARPS));
+    }
     detail::barrier_init_fence();
   }
   __syncthreads();
