@@ -97,12 +97,11 @@ struct prefill_tile {
   static constexpr int ROW_TILES = CONSUMER_WARPS;      // 16-row fragment tiles per CTA
   static constexpr int NMAX = NMAX_;   // pairs per scheduled tile
   static constexpr int N_STEP = 16;    // granularity of the per-tile wgmma N
-  // A main loop of its own for full-width tiles (one wgmma instruction, no width branch): for the
-  // 176-wide tile ptxas serialized every wgmma of that loop (C7512, "insufficient register
-  // resources"; found 2026-12-05 after an H100 run where this kernel lost 4-14 % at T = 16384),
-  // so only narrower tiles have it; and with four consumer warpgroups (112 registers) ptxas
-  // serializes the wgmmas of a kernel holding both loops, so only three have it.
-  static constexpr bool FULL_WIDTH_LOOP = NMAX_ <= 64 && CONSUMER_GROUPS_ == 3;
+  // One K-step loop serves every width (a uniform branch per K-step picks the instruction). A
+  // second loop for full-width tiles (one wgmma instruction, no branch) made ptxas serialize the
+  // wgmmas (C7512, "insufficient register resources") in the 176-wide tile (found 2026-12-05
+  // after an H100 run where it lost 4-14 % at T = 16384) and in every four-warpgroup tile, and
+  // so did a second loop for the CTA's first item (2026-12-06): these kernels hold one.
   static constexpr int WIDTHS = NMAX / N_STEP;
   static constexpr int A_STAGES = A_STAGES_, B_STAGES = B_STAGES_;
   static constexpr int A_KSTEPS = 4;  // K-steps per weight stage
@@ -379,11 +378,8 @@ __device__ __forceinline__ void wgmma_kstep(int n16, const uint32_t (&a)[4][4], 
 // flight: the previous step's are complete, so its A registers may be overwritten and, at a
 // slot's first K-step (sub 0), the slot before is released (unless this is the item's first
 // K-step). The ring advances after a slot's last K-step (sub = B_KSTEPS - 1). `sub` is a constant
-// of the unrolled K-step loop. FULL: the tile is
-// NMAX wide (most tiles of a prefill), one instruction; otherwise one main loop serves every
-// narrower width (a uniform branch per K-step picks the instruction), so all widths share the
-// accumulators and ptxas pipelines the wgmmas.
-template <class Cfg, bool FULL>
+// of the unrolled K-step loop. All widths share the accumulators, and ptxas pipelines the wgmmas.
+template <class Cfg>
 __device__ __forceinline__ void mma_kstep(const prefill_smem<Cfg>& sm, int n16, int sub, uint32_t (&a)[4][4],
                                           float (&acc)[Cfg::NMAX / 2], detail::ring_pos<Cfg::B_STAGES>& b,
                                           bool release_previous) {
@@ -394,10 +390,7 @@ __device__ __forceinline__ void mma_kstep(const prefill_smem<Cfg>& sm, int n16, 
   for (int j = 0; j < 4; ++j)
 #pragma unroll
     for (int r = 0; r < 4; ++r) cute::warpgroup_fence_operand(a[j][r]);
-  if constexpr (FULL)
-    wgmma_kstep<Cfg::NMAX>(a, sm.b_desc(b.slot, sub), acc);
-  else
-    wgmma_kstep<Cfg, 1, Cfg::FULL_WIDTH_LOOP ? Cfg::WIDTHS - 1 : Cfg::WIDTHS>(n16, a, sm.b_desc(b.slot, sub), acc);
+  wgmma_kstep<Cfg, 1, Cfg::WIDTHS>(n16, a, sm.b_desc(b.slot, sub), acc);
   cute::warpgroup_wait<1>();
 #pragma unroll
   for (int i = 0; i < Cfg::NMAX / 2; ++i) cute::warpgroup_fence_operand(acc[i]);
@@ -434,7 +427,7 @@ __device__ __forceinline__ void stagger_release(int issued_before, int issued_af
 // rows are computed and dropped. (Converting whatever its slot rows hold instead, without the
 // test, made ptxas serialize every wgmma: C7513, "non wgmma instructions defining input
 // registers".)
-template <class Cfg, bool FULL, bool kScalesInRange>
+template <class Cfg, bool kScalesInRange>
 __device__ void consume_item(const prefill_smem<Cfg>& sm, const prefill_grid& pg, int64_t item, int n16,
                              const gemm_weights& w, const moe_workspace& ws, epilogue_kind ep,
                              const activation_config& act, detail::ring_pos<Cfg::A_STAGES>& a_pos,
@@ -471,7 +464,7 @@ __device__ void consume_item(const prefill_smem<Cfg>& sm, const prefill_grid& pg
         if (cute::elect_one_sync()) detail::arrive(sm.a_empty(a_pos.slot));
         a_pos.advance();
       }
-      if (live) mma_kstep<Cfg, FULL>(sm, n16, j % Cfg::B_KSTEPS, a, acc, b_pos, ks + j > 0);
+      if (live) mma_kstep<Cfg>(sm, n16, j % Cfg::B_KSTEPS, a, acc, b_pos, ks + j > 0);
       if (releases_stagger && live) stagger_release<Cfg>(ks + j, ks + j + 1);
     }
   }
@@ -528,10 +521,7 @@ __device__ void consume(const prefill_smem<Cfg>& sm, const gemm_weights& w, cons
       return;
     }
     const int n16 = warp_uniform((it.count + Cfg::N_STEP - 1) / Cfg::N_STEP);
-    if (Cfg::FULL_WIDTH_LOOP && n16 == Cfg::WIDTHS)
-      consume_item<Cfg, true, kScalesInRange>(sm, pg, i, n16, w, ws, ep, act, a_pos, b_pos, releases_stagger);
-    else
-      consume_item<Cfg, false, kScalesInRange>(sm, pg, i, n16, w, ws, ep, act, a_pos, b_pos, releases_stagger);
+    consume_item<Cfg, kScalesInRange>(sm, pg, i, n16, w, ws, ep, act, a_pos, b_pos, releases_stagger);
   };
   // Only a CTA that gets an item waits for warpgroup 0's stagger arrivals: it may get none (the
   // grid is sized for the most tiles the routing can make, and others may take them first).
