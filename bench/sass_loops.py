@@ -16,10 +16,13 @@ twentieth session). Count them before spending device time:
 For every kernel whose name matches --kernels (a regular expression; default the MoE GEMMs), the
 innermost loop that holds a tensor-core instruction (HGMMA or HMMA): the shortest instruction range
 from a backward branch's target to the branch; in brackets the next larger such loops (the decode
-GEMM's shortest is its partial last stage, its stage loop comes next). The count is static: the loop body holds every path
-(the prefill tiles' loop holds one wgmma sequence per tile width, of which a K-step runs one), so
-read the opcodes that differ and where they sit, not only the total. cuobjdump comes from --cuobjdump, $CUOBJDUMP, PATH
-or the CUDA toolkit's bin folder. Exit status 1 when no kernel matched, 2 on a usage error.
+GEMM's shortest is its partial last stage, its stage loop comes next). The count is static: the
+loop body holds every path (the prefill tiles' loop holds one wgmma group per tile width, of which
+a K-step runs one), so read the opcodes that differ and where they sit, not only the total.
+"path N@W" estimates the instructions one pass runs at wgmma width W (the widest in the loop): the
+loop without the wgmma groups (WARPGROUP.ARRIVE to the HGMMA that closes the group, and the branch
+after it) of other widths; the branches that pick a width stay counted. cuobjdump comes from
+--cuobjdump, $CUOBJDUMP, PATH or the CUDA toolkit's bin folder. Exit status 1 when no kernel matched, 2 on a usage error.
 """
 import argparse
 import collections
@@ -75,6 +78,46 @@ def innermost_tensor_loop(code):
     """The shortest [target, backward branch] range holding a tensor-core instruction, or None."""
     loops = tensor_loops(code)
     return loops[0] if loops else None
+
+
+WGMMA_WIDTH = re.compile(r"^HGMMA\.\d+x(\d+)x")
+
+
+def wgmma_groups(loop):
+    """[(width, instructions)] of the loop's wgmma groups: from a WARPGROUP.ARRIVE to the HGMMA
+    that closes the group (gsb0), with an unconditional branch right after it."""
+    groups, i = [], 0
+    while i < len(loop):
+        if opcode(loop[i]) != "WARPGROUP.ARRIVE":
+            i += 1
+            continue
+        j, width, closed = i + 1, None, False
+        while j < len(loop) and opcode(loop[j]) != "WARPGROUP.ARRIVE":
+            m = WGMMA_WIDTH.match(opcode(loop[j]))
+            if m:
+                width = int(m.group(1))
+                if "gsb0" in loop[j]:
+                    closed = True
+                    break
+            j += 1
+        if not closed:
+            i = j
+            continue
+        if j + 1 < len(loop) and opcode(loop[j + 1]) == "BRA" and not loop[j + 1].startswith("@"):
+            j += 1
+        groups.append((width, j + 1 - i))
+        i = j + 1
+    return groups
+
+
+def path_estimate(loop):
+    """(instructions, width): the loop without the wgmma groups of widths other than its widest;
+    None when the loop holds no wgmma group."""
+    groups = wgmma_groups(loop)
+    if not groups:
+        return None
+    widest = max(w for w, _ in groups)
+    return len(loop) - sum(n for w, n in groups if w != widest), widest
 
 
 def loops(kernels, pattern):
@@ -160,14 +203,21 @@ def main(argv):
     def sizes(found):  # the innermost loop's size, then the next larger loops' (up to two)
         return f"{len(found[0])}" + (f" [{', '.join(str(len(b)) for b in found[1:3])}]" if len(found) > 1 else "") \
             if found else "-"
+    def path(loop):
+        estimate = path_estimate(loop) if loop else None
+        return f"path {estimate[0]}@{estimate[1]}" if estimate else ""
     for name, (total, found) in new.items():
         loop = found[0] if found else None
         line = f"{sizes(found):>6}  {total:>6}  {names[name]}"
+        if path(loop):
+            line += f"  {path(loop)}"
         match = by_key.get(pairing_key(names[name]))
         if match is not None:
             btotal, bfound = base[match]
             bloop = bfound[0] if bfound else None
             line = f"{sizes(found):>6} (base {sizes(bfound)})  {total:>6} (base {btotal})  {names[name]}"
+            if path(loop) or path(bloop):
+                line += f"  {path(loop) or '-'} (base {path(bloop) or '-'})"
             if loop and bloop:
                 cn, cb = collections.Counter(map(opcode, loop)), collections.Counter(map(opcode, bloop))
                 diff = sorted(((k, cb[k], cn[k]) for k in set(cn) | set(cb) if cn[k] != cb[k]),
@@ -177,7 +227,8 @@ def main(argv):
         elif base:
             line += "  (not in the base)"
         print(line)
-    print("columns: innermost tensor-core loop [the next larger ones], kernel (SASS instructions); kernel")
+    print("columns: innermost tensor-core loop [the next larger ones], kernel (SASS instructions), kernel, "
+          "path N@W (the loop's instructions at its widest wgmma W, other widths' groups left out)")
     return 0
 
 

@@ -600,6 +600,23 @@ class SassLoops(unittest.TestCase):
         self.assertIn("PLOP3.LUT 0->1", lines[1])
         self.assertNotIn("combine", run.stdout)  # not a GEMM (--kernels moe_gemm by default)
 
+    @unittest.skipUnless(shutil.which("c++filt"), "no c++filt: kernels are paired by their demangled names")
+    def test_path_leaves_out_the_other_widths_wgmma_groups(self):
+        # Inner loop: LOP3, a 32-wide group (ARRIVE, UMOV, closing HGMMA, its branch out), a 64-wide
+        # group (ARRIVE, closing HGMMA), the fixture's unclosed HGMMA and the loop branch: 9. At the
+        # widest width (64) a pass skips the 32-wide group's 4: path 5.
+        with open(self.new, "w") as f:
+            f.write(sass(TILE_NEW, ["WARPGROUP.ARRIVE", "UMOV UR18, UR23",
+                                    "HGMMA.64x32x16.F32.BF16 R24, R68, gdesc[UR16], R24, gsb0", "BRA 0x200",
+                                    "WARPGROUP.ARRIVE", "HGMMA.64x64x16.F32.BF16 R24, R68, gdesc[UR16], R24, gsb0"]))
+        run = self.run_tool("--sass", self.new, "--base-sass", self.base)
+        self.assertEqual(run.returncode, 0, run.stderr)
+        line = run.stdout.splitlines()[0]
+        self.assertRegex(line, r"^\s*9 \[12\] \(base 4 \[7\]\)")
+        self.assertTrue(line.endswith("path 5@64 (base -)"), line)
+        run = self.run_tool("--sass", self.new)
+        self.assertTrue(run.stdout.splitlines()[0].endswith("path 5@64"), run.stdout)
+
     def test_other_kernels_and_no_match(self):
         run = self.run_tool("--sass", self.new, "--kernels", "combine")
         self.assertEqual(run.returncode, 0, run.stderr)
