@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
 # Same-run A/B of MoE layer builds on the GPU machine: each build's bench_moe runs once per round,
-# the builds alternating within a round, then bench/ab_compare.py prints every build's best round
-# over the base build's best round, with each build's own round spread, marking ratios beyond the
-# run's largest spread (docs/performance.md, "How to reproduce").
+# the builds alternating within a round and each round starting one build further along the list
+# (no build always runs first, on a GPU still cool), then bench/ab_compare.py prints every build's
+# best round over the base build's best round, with each build's own round spread, marking ratios
+# beyond the run's largest spread (docs/performance.md, "How to reproduce").
 #
 #   scripts/ab_moe.sh [--rounds R] [--shapes a,b] [--tokens 1,8,...] [--iters N] [--out DIR] \
-#                     base=PATH/bench_moe NAME=PATH/bench_moe ...
+#                     [--time-limit S] base=PATH/bench_moe NAME=PATH/bench_moe ...
 #   scripts/ab_moe.sh --tokens 1,8,32 base=old/bin/bench_moe new=build/bin/bench_moe
 #
 # The first build named is the base. Writes DIR/<build>_<round>.json (bench_moe --json),
@@ -13,29 +14,34 @@
 # and end) and, where nvidia-smi is found, DIR/clocks.csv (SM clock and power every 100 ms; the
 # table then ends with each run's median and lowest SM clock and highest power). Defaults: 2
 # rounds, the six shapes of docs/models.md, T = 1,2,4,8,16,32,64,128, 20 iterations,
-# DIR = ${OUT:-.}/ab.
+# DIR = ${OUT:-.}/ab. --time-limit S: no run starts once S seconds have passed; the comparison
+# then covers the rounds done (it says so on stderr), so that a device call with a hard limit
+# still gets its table (one that ran past its limit before comparing lost everything:
+# docs/performance.md, twenty-second session).
 # Environment variables such as MXMOE_MOE_PATH apply to every build alike.
 # Exit status: 0 when every run wrote its results, 1 when one failed (the table then covers the
 # rest), 2 on a usage error.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
-usage() { sed -n '2,19p' "$0" | sed 's/^# \{0,1\}//'; }
+usage() { sed -n '2,23p' "$0" | sed 's/^# \{0,1\}//'; }
 die() { echo "ab_moe.sh: $*" >&2; exit 2; }
 
 ROUNDS=2
 SHAPES=gpt-oss-120b,qwen3-30b-a3b,kimi-k2,gpt-oss-20b,deepseek-v3,deepseek-v4-flash-like
 TOKENS=1,2,4,8,16,32,64,128
 ITERS=20
+LIMIT=""
 DIR=${OUT:-.}/ab
 names=()
 bins=()
 while (($#)); do
   case $1 in
-    --rounds | --shapes | --tokens | --iters | --out)
+    --rounds | --shapes | --tokens | --iters | --out | --time-limit)
       [ $# -ge 2 ] || die "$1 needs a value"
       case $1 in
         --rounds) ROUNDS=$2 ;; --shapes) SHAPES=$2 ;; --tokens) TOKENS=$2 ;; --iters) ITERS=$2 ;; --out) DIR=$2 ;;
+        --time-limit) LIMIT=$2 ;;
       esac
       shift 2 ;;
     -h | --help) usage; exit 0 ;;
@@ -46,12 +52,13 @@ while (($#)); do
       [ -x "$bin" ] || die "build '$name': '$bin' is not an executable bench_moe"
       names+=("$name") bins+=("$bin")
       shift ;;
-    *) die "unknown argument '$1' (expected --rounds, --shapes, --tokens, --iters, --out or NAME=PATH)" ;;
+    *) die "unknown argument '$1' (expected --rounds, --shapes, --tokens, --iters, --out, --time-limit or NAME=PATH)" ;;
   esac
 done
 ((${#names[@]} >= 2)) || die "name at least two builds: base=PATH NAME=PATH ..."
 [[ $ROUNDS =~ ^[1-9][0-9]*$ ]] || die "--rounds: expected a positive integer, got '$ROUNDS'"
 [[ $ITERS =~ ^[1-9][0-9]*$ ]] || die "--iters: expected a positive integer, got '$ITERS'"
+[ -z "$LIMIT" ] || [[ $LIMIT =~ ^[1-9][0-9]*$ ]] || die "--time-limit: expected a positive number of seconds, got '$LIMIT'"
 
 mkdir -p "$DIR" || die "cannot create '$DIR'"
 # The SM clock and power every 100 ms while the builds run, and when each run started and ended:
@@ -67,8 +74,15 @@ else
   echo "ab_moe: nvidia-smi not found: the SM clock is not sampled" >&2
 fi
 status=0
+start_us=${EPOCHREALTIME/./}
+n=${#names[@]}
 for ((r = 1; r <= ROUNDS; ++r)); do
-  for i in "${!names[@]}"; do
+  for ((j = 0; j < n; ++j)); do
+    i=$(((j + r - 1) % n))
+    if [ -n "$LIMIT" ] && ((${EPOCHREALTIME/./} - start_us >= LIMIT * 1000000)); then
+      echo "ab_moe: --time-limit $LIMIT s reached in round $r: no more runs; comparing the runs done" >&2
+      break 2
+    fi
     json=$DIR/${names[$i]}_$r.json
     echo "ab_moe: round $r, ${names[$i]}"
     t0=$(date +%s.%N)

@@ -331,8 +331,8 @@ class AbScript(unittest.TestCase):
             run = self.run_ab(d, "--rounds", "2", "--shapes", "qwen3-30b-a3b", "--tokens", "1,8", "--out", out,
                               f"base={base}", f"new={new}")
             self.assertEqual(run.returncode, 0, run.stderr)
-            with open(os.path.join(d, "calls")) as f:
-                self.assertEqual(f.read().split(), ["base", "new", "base", "new"])
+            with open(os.path.join(d, "calls")) as f:  # round 2 starts one build further along
+                self.assertEqual(f.read().split(), ["base", "new", "new", "base"])
             self.assertTrue(os.path.exists(os.path.join(out, "ab.json")))
             row8 = next(l for l in run.stdout.splitlines() if re.match(r"qwen3-30b-a3b\s+8\s", l))
             self.assertRegex(row8, r"\s800\.0\s+1\.000\s+0\.800\*")
@@ -370,11 +370,29 @@ class AbScript(unittest.TestCase):
             self.assertIn("no results for build broken", run.stdout)
             self.assertIn("nvidia-smi not found: the SM clock is not sampled", run.stderr)
 
+    def test_time_limit_stops_starting_runs_and_still_compares(self):
+        with tempfile.TemporaryDirectory() as d:
+            base, new = self.fake(d, "base"), self.fake(d, "new")
+            out = os.path.join(d, "ab")
+            # Each stand-in run takes at least 0.2 s: 10 runs cannot fit in 1 s, one always starts.
+            run = self.run_ab(d, "--rounds", "5", "--time-limit", "1", "--shapes", "qwen3-30b-a3b", "--tokens", "1",
+                              "--out", out, f"base={base}", f"new={new}")
+            self.assertEqual(run.returncode, 0, run.stderr)
+            with open(os.path.join(d, "calls")) as f:
+                calls = f.read().split()
+            self.assertGreaterEqual(len(calls), 1)
+            self.assertLess(len(calls), 10)
+            self.assertRegex(run.stderr, r"--time-limit 1 s reached in round \d: no more runs")
+            self.assertTrue(os.path.exists(os.path.join(out, "ab.json")))
+            self.assertRegex(run.stdout, r"qwen3-30b-a3b\s+1\s+100\.0")
+
     def test_usage_errors(self):
         with tempfile.TemporaryDirectory() as d:
             base = self.fake(d, "base")
             for args, message in [
                 ([f"base={base}"], "name at least two builds"),
+                (["--time-limit", "soon", f"base={base}", f"new={base}"],
+                 "--time-limit: expected a positive number of seconds, got 'soon'"),
                 ([f"base={base}", f"base={base}"], "build name 'base' given twice"),
                 ([f"base={base}", "new=/no/such/bench_moe"], "'/no/such/bench_moe' is not an executable bench_moe"),
                 ([f"base={base}", f"a/b={base}"], "build name 'a/b'"),
