@@ -108,9 +108,6 @@ struct prefill_tile {
   // K-steps per activation slot (one TMA box each, one barrier for the slot): with 2, a consumer
   // waits for, releases and advances the B ring every other K-step.
   static constexpr int B_KSTEPS = B_KSTEPS_;
-  // A-register sets per consumer warp (3: a warp converts K-step s+1 while the wgmma groups of
-  // K-steps s and s-1 are in flight; branch prefill-narrow-wait2). Two here.
-  static constexpr int A_BUFFERS = 2;
   // K-steps of one pass of the consumers' loop: three weight stages in the narrow and mid tiles,
   // so their per-pass bookkeeping is paid once per 12 K-steps instead of 4 (they are issue-bound
   // in part). One in the wide tile: unrolled over two, it measured 0.4-0.5 % slower at T = 2048.
@@ -156,8 +153,7 @@ struct prefill_tile {
   static_assert(STAGGER * (CONSUMER_GROUPS - 1) < (B_STAGES - 1) * B_KSTEPS + 1,
                 "warpgroup 0 must not wait for a slot the others hold");
   static_assert(A_KSTEPS % B_KSTEPS == 0, "activation slots of 1, 2 or 4 K-steps (a divisor of a weight stage's)");
-  static_assert(A_BUFFERS - 2 < B_KSTEPS, "a slot is released within the next slot's K-steps");
-  static_assert(LOOP_KSTEPS % A_BUFFERS == 0 && LOOP_KSTEPS % A_KSTEPS == 0, "one loop pass: whole stages and sets");
+  static_assert(LOOP_KSTEPS % A_KSTEPS == 0, "one loop pass: whole weight stages");
   static_assert(NMAX % N_STEP == 0 && NMAX <= 176, "per-tile wgmma widths: multiples of 16 up to 176 (mma.cuh)");
   static_assert(CONSUMER_GROUPS == 3 || CONSUMER_GROUPS == 4, "named barriers 1..3 stagger the consumer warpgroups");
   static_assert(PRODUCER_REGISTERS <= LAUNCH_REGISTERS && LAUNCH_REGISTERS <= CONSUMER_REGISTERS &&
@@ -383,12 +379,12 @@ __device__ __forceinline__ void wgmma_kstep(int n16, const uint32_t (&a)[4][4], 
   }
 }
 
-// One K-step of a warpgroup on the activation slot, then a wait until at most A_BUFFERS - 1
-// groups (this one included) are in flight: the step A_BUFFERS - 1 back is complete, so its A
-// registers may be overwritten and, at a slot's K-step A_BUFFERS - 2 (sub), the slot before is
-// released (unless it is the previous item's: `release_previous`). The ring advances after a
-// slot's last K-step (sub = B_KSTEPS - 1). `sub` is a constant of the unrolled K-step loop. All
-// widths share the accumulators, and ptxas pipelines the wgmmas.
+// One K-step of a warpgroup on the activation slot, then a wait until only these wgmmas are in
+// flight: the previous step's are complete, so its A registers may be overwritten and, at a
+// slot's first K-step (sub 0), the slot before is released (unless it is the previous item's:
+// `release_previous`). The ring advances after a slot's last K-step (sub = B_KSTEPS - 1). `sub` is
+// a constant of the unrolled K-step loop. All widths share the accumulators, and ptxas pipelines
+// the wgmmas.
 template <class Cfg>
 __device__ __forceinline__ void mma_kstep(const prefill_smem<Cfg>& sm, int n16, int sub, uint32_t (&a)[4][4],
                                           float (&acc)[Cfg::NMAX / 2], detail::ring_pos<Cfg::B_STAGES>& b,
@@ -401,11 +397,10 @@ __device__ __forceinline__ void mma_kstep(const prefill_smem<Cfg>& sm, int n16, 
 #pragma unroll
     for (int r = 0; r < 4; ++r) cute::warpgroup_fence_operand(a[j][r]);
   wgmma_kstep<Cfg, 1, Cfg::WIDTHS>(n16, a, sm.b_desc(b.slot, sub), acc);
-  cute::warpgroup_wait<Cfg::A_BUFFERS - 1>();
+  cute::warpgroup_wait<1>();
 #pragma unroll
   for (int i = 0; i < Cfg::NMAX / 2; ++i) cute::warpgroup_fence_operand(acc[i]);
-  if (sub == Cfg::A_BUFFERS - 2 && release_previous)
-    release_activations(sm, b.slot == 0 ? Cfg::B_STAGES - 1 : b.slot - 1);
+  if (sub == 0 && release_previous) release_activations(sm, b.slot == 0 ? Cfg::B_STAGES - 1 : b.slot - 1);
   if (sub == Cfg::B_KSTEPS - 1) b.advance();
 }
 
@@ -448,7 +443,7 @@ __device__ void consume_item(const prefill_smem<Cfg>& sm, const prefill_grid& pg
   float acc[Cfg::NMAX / 2];
 #pragma unroll
   for (int i = 0; i < Cfg::NMAX / 2; ++i) acc[i] = 0.0f;
-  uint32_t a[Cfg::A_BUFFERS][4][4] = {};
+  uint32_t a[2][4][4] = {};  // the K-step being converted, and the previous one's in flight
   // A warp's fragment share of a K-step: two in registers at a time (the one being converted and
   // the next), read two K-steps ahead; K-steps past K are zeros in the slot (read, not used).
   uint4 codes[2] = {};
@@ -461,7 +456,7 @@ __device__ void consume_item(const prefill_smem<Cfg>& sm, const prefill_grid& pg
   };
   // Weights whose scales need the per-fragment test (a branch per K-step): one stage per pass, as
   // before the unrolling, which there made ptxas fold the K-steps into the item loop (SASS).
-  constexpr int kLoopKsteps = kScalesInRange || Cfg::A_BUFFERS == 3 ? Cfg::LOOP_KSTEPS : Cfg::A_KSTEPS;
+  constexpr int kLoopKsteps = kScalesInRange ? Cfg::LOOP_KSTEPS : Cfg::A_KSTEPS;
   for (int ks0 = 0; ks0 < ksteps; ks0 += kLoopKsteps) {
 #pragma unroll
     for (int u = 0; u < kLoopKsteps; u += Cfg::A_KSTEPS) {
@@ -473,7 +468,7 @@ __device__ void consume_item(const prefill_smem<Cfg>& sm, const prefill_grid& pg
 #pragma unroll
       for (int j = 0; j < Cfg::A_KSTEPS; ++j) {
         const bool live = ks + j < ksteps;
-        uint32_t(&aj)[4][4] = a[(u + j) % Cfg::A_BUFFERS];
+        uint32_t(&aj)[4][4] = a[j & 1];  // stages hold an even number of K-steps
         if (live && rows_valid) detail::dequant_fragment<kScalesInRange>(codes[j & 1], scales[j & 1], aj);
         if (j + 2 < Cfg::A_KSTEPS) read_fragment(a_pos.slot, j + 2);
         if (j + 3 == Cfg::A_KSTEPS) {  // the stage's last read is issued: release the slot
@@ -495,10 +490,7 @@ __device__ void consume_item(const prefill_smem<Cfg>& sm, const prefill_grid& pg
 #pragma unroll
   for (int i = 0; i < Cfg::NMAX / 2; ++i) cute::warpgroup_fence_operand(acc[i]);
   // The last K-step's slot: the one before if the ring advanced after it, else the current one
-  // (K-steps not a multiple of the slot's), which is then left. With three register sets, a last
-  // slot of one K-step never reached its sub 1: the slot before it is still held too.
-  if (Cfg::A_BUFFERS == 3 && ksteps % Cfg::B_KSTEPS == 1 && ksteps > Cfg::B_KSTEPS)
-    release_activations(sm, b_pos.slot == 0 ? Cfg::B_STAGES - 1 : b_pos.slot - 1);
+  // (K-steps not a multiple of the slot's), which is then left.
   if (Cfg::B_KSTEPS > 1 && ksteps % Cfg::B_KSTEPS != 0) {
     release_activations(sm, b_pos.slot);
     b_pos.advance();
