@@ -198,6 +198,10 @@ struct prefill_maps {
   CUtensorMap codes;          // u32 [experts * row tiles][K/64][128], box {128, A_KSTEPS, ROW_TILES}
   CUtensorMap scales;         // u32 [experts * row tiles][K/64][8], box {8, A_KSTEPS, ROW_TILES}
   CUtensorMap rows[WIDTHS];   // bf16 B rows [rows][K], box {64, 16 (w + 1)}, 128-byte swizzle
+  // The L2 policy of the weight copies (gemm_launch::weights_evict_first): evict-first where each
+  // weight line is read once, so that the weights streaming through the L2 do not push out the
+  // gathered rows, GEMM1's activations and GEMM2's outputs, which the next kernel reads back.
+  uint64_t weight_l2_policy;
 };
 
 cudaError_t allow_prefill_smem_narrow();
@@ -300,8 +304,9 @@ __device__ void load_weights(const prefill_smem<Cfg>& sm, const prefill_maps<Cfg
       detail::wait_empty(sm.a_empty(pos.slot), pos.phase);
       uint64_t* full = sm.a_full(pos.slot);
       detail::arrive_expect_bytes(full, Cfg::A_STAGE_BYTES);  // K-steps past K arrive as zeros
-      detail::tma_load_3d(sm.a_slot(pos.slot), &maps.codes, 0, ks, row0, full);
-      detail::tma_load_3d(sm.a_slot(pos.slot) + Cfg::A_CODE_BYTES, &maps.scales, 0, ks, row0, full);
+      detail::tma_load_3d(sm.a_slot(pos.slot), &maps.codes, 0, ks, row0, full, maps.weight_l2_policy);
+      detail::tma_load_3d(sm.a_slot(pos.slot) + Cfg::A_CODE_BYTES, &maps.scales, 0, ks, row0, full,
+                          maps.weight_l2_policy);
       pos.advance();
     }
   };

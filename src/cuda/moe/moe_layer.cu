@@ -86,6 +86,15 @@ gemm_config pick_config(int64_t tokens, int top_k, int64_t experts, routing_kind
   return per_expert <= 72 ? gemm_config::prefill_mid : gemm_config::prefill_wide;
 }
 
+// Whether each expert's weights are read about once per GEMM (at most one tile per expert under the
+// uniform estimate): then the prefill GEMMs copy them with an evict-first L2 policy, and the
+// gathered rows, GEMM1's activations and GEMM2's outputs stay in the L2 for the kernel that reads
+// them next. With several tiles per expert the weights are read again by the expert's next tile
+// (items run in tile order), and the L2 keeps them for it.
+bool weights_read_once(int64_t tokens, int top_k, int64_t experts, int tokens_per_tile) {
+  return pairs_per_expert(tokens, top_k, experts) <= tokens_per_tile;
+}
+
 // Tokens per tile of the decode GEMM: 8 or 16, never more than the smaller that holds T (a token
 // picks an expert once, so a tile never holds more than T pairs). Below that bound 8 up to 4 pairs
 // per expert, except under grouped sigmoid routing (an expert with more pairs than the tile gets
@@ -479,6 +488,7 @@ void moe_layer::forward(const tensor_view& x, const routing_input& routing, cons
   g1.dependent = !legacy;
   g1.experts = E;
   g1.b_row_count = pairs;
+  g1.weights_evict_first = prefill && weights_read_once(T, k, E, bn);
   sm90::gemm_launch g2 = g1;
   if (decode) {
     const int64_t est_tiles = std::min(E, pairs);

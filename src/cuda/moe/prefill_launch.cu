@@ -76,7 +76,7 @@ CUtensorMap fragment_tensor_map(const uint8_t* base, int64_t tile_bytes, int64_t
 
 template <class Cfg>
 prefill_maps<Cfg::WIDTHS> make_prefill_maps(const gemm_weights& w, int64_t experts, const uint16_t* b_rows,
-                                             int64_t b_row_count) {
+                                             int64_t b_row_count, bool weights_evict_first) {
   const layout::sm90_fragment frag{w.rows, w.cols};
   const int64_t row_tiles = experts * frag.row_tiles(), col_tiles = frag.col_tiles();
   prefill_maps<Cfg::WIDTHS> maps;
@@ -84,6 +84,8 @@ prefill_maps<Cfg::WIDTHS> make_prefill_maps(const gemm_weights& w, int64_t exper
   maps.scales = fragment_tensor_map(w.scales, Cfg::TILE_SCALES, col_tiles, row_tiles, Cfg::A_KSTEPS, Cfg::ROW_TILES);
   for (int i = 0; i < Cfg::WIDTHS; ++i)
     maps.rows[i] = rows_tensor_map(b_rows, b_row_count, w.cols, (i + 1) * Cfg::N_STEP);
+  maps.weight_l2_policy = static_cast<uint64_t>(weights_evict_first ? cute::TMA::CacheHintSm90::EVICT_FIRST
+                                                                    : cute::TMA::CacheHintSm90::EVICT_NORMAL);
   return maps;
 }
 
@@ -121,15 +123,16 @@ void launch_gemm_prefill(const gemm_launch& l, const gemm_weights& w, const uint
   int device = 0, sms = 0;
   MXMOE_CUDA_CHECK(cudaGetDevice(&device));
   MXMOE_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+  const bool evict_first = l.weights_evict_first;
   if (l.config == gemm_config::prefill_narrow)
-    launch_gemm_prefill_narrow(l, w, make_prefill_maps<prefill_narrow_tile>(w, l.experts, b_rows, l.b_row_count), ws,
-                               ep, act, sms, stream);
+    launch_gemm_prefill_narrow(l, w, make_prefill_maps<prefill_narrow_tile>(w, l.experts, b_rows, l.b_row_count, evict_first),
+                               ws, ep, act, sms, stream);
   else if (l.config == gemm_config::prefill_mid)
-    launch_gemm_prefill_mid(l, w, make_prefill_maps<prefill_mid_tile>(w, l.experts, b_rows, l.b_row_count), ws, ep,
-                            act, sms, stream);
+    launch_gemm_prefill_mid(l, w, make_prefill_maps<prefill_mid_tile>(w, l.experts, b_rows, l.b_row_count, evict_first),
+                            ws, ep, act, sms, stream);
   else
-    launch_gemm_prefill_wide(l, w, make_prefill_maps<prefill_wide_tile>(w, l.experts, b_rows, l.b_row_count), ws, ep,
-                             act, sms, stream);
+    launch_gemm_prefill_wide(l, w, make_prefill_maps<prefill_wide_tile>(w, l.experts, b_rows, l.b_row_count, evict_first),
+                             ws, ep, act, sms, stream);
 }
 
 }  // namespace mxmoe::cuda::sm90

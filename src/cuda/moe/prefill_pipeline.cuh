@@ -65,10 +65,16 @@ __device__ __forceinline__ void tma_load_2d(void* smem, const CUtensorMap* map, 
   const int32_t coords[2] = {c0, c1};
   ::cuda::ptx::cp_async_bulk_tensor(::cuda::ptx::space_cluster, ::cuda::ptx::space_global, smem, map, coords, bar);
 }
+// With an L2 cache policy (`l2_policy`: a createpolicy encoding such as cute::TMA::CacheHintSm90's):
+// which lines the L2 gives up first when it needs room.
 __device__ __forceinline__ void tma_load_3d(void* smem, const CUtensorMap* map, int32_t c0, int32_t c1, int32_t c2,
-                                            uint64_t* bar) {
-  const int32_t coords[3] = {c0, c1, c2};
-  ::cuda::ptx::cp_async_bulk_tensor(::cuda::ptx::space_cluster, ::cuda::ptx::space_global, smem, map, coords, bar);
+                                            uint64_t* bar, uint64_t l2_policy) {
+  asm volatile(
+      "cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint"
+      " [%0], [%1, {%3, %4, %5}], [%2], %6;" ::"r"(static_cast<uint32_t>(__cvta_generic_to_shared(smem))),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(static_cast<uint32_t>(__cvta_generic_to_shared(bar))), "r"(c0), "r"(c1),
+      "r"(c2), "l"(l2_policy)
+      : "memory");
 }
 
 // Orders this thread's ordinary shared-memory reads of a slot before the copy engine's next
