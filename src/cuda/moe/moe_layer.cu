@@ -86,13 +86,26 @@ gemm_config pick_config(int64_t tokens, int top_k, int64_t experts, routing_kind
   return per_expert <= 72 ? gemm_config::prefill_mid : gemm_config::prefill_wide;
 }
 
-// Whether each expert's weights are read about once per GEMM (at most one tile per expert under the
-// uniform estimate): then the prefill GEMMs copy them with an evict-first L2 policy, and the
-// gathered rows, GEMM1's activations and GEMM2's outputs stay in the L2 for the kernel that reads
-// them next. With several tiles per expert the weights are read again by the expert's next tile
-// (items run in tile order), and the L2 keeps them for it.
-bool weights_read_once(int64_t tokens, int top_k, int64_t experts, int tokens_per_tile) {
-  return pairs_per_expert(tokens, top_k, experts) <= tokens_per_tile;
+// Whether the prefill GEMMs copy their weights with an evict-first L2 policy
+// (gemm_launch::weights_evict_first), so that the intermediates the next kernel reads back (the
+// gathered rows, GEMM1's activations, GEMM2's outputs: pairs x (2H + I) bf16) stay in the L2 while
+// the weights stream past them, and are neither written back nor read again from DRAM. Only where
+//   - each expert's weights are read about once (at most one tile per expert, uniform estimate):
+//     with more, the expert's next tile reads them again, and the L2 keeps them for it;
+//   - the intermediates fit in the L2; and
+//   - they are at least 1/12 of the weight bytes streamed (the experts touched, uniform estimate):
+//     the policy costs re-reads of 1.5-3 % of the weight bytes (ncu), which only a large enough
+//     saving outweighs.
+// Measured on an H100 (performance.md, twenty-fourth session): Qwen3-30B-A3B T = 512 0.96-0.97 of
+// the layer time, gpt-oss-20b T = 512 0.99-1.00; beyond these bounds 1.01-1.03 (gpt-oss-120b,
+// Kimi-K2 and DeepSeek-V3 at T = 512, several tiles per expert at T = 8192).
+bool weights_evict_first(int64_t tokens, int top_k, int64_t experts, int tokens_per_tile, int64_t hidden,
+                         int64_t inter, int64_t expert_weight_bytes, int64_t l2_bytes) {
+  const int64_t pairs = tokens * top_k;
+  const int64_t intermediate_bytes = pairs * (2 * hidden + inter) * 2;
+  const int64_t weight_bytes = std::min(experts, pairs) * expert_weight_bytes;
+  return pairs_per_expert(tokens, top_k, experts) <= tokens_per_tile && intermediate_bytes <= l2_bytes &&
+         12 * intermediate_bytes >= weight_bytes;
 }
 
 // Tokens per tile of the decode GEMM: 8 or 16, never more than the smaller that holds T (a token
@@ -275,6 +288,7 @@ struct moe_layer::impl {
   device_buffer expert_map;  // i32 [E] (moe.h); empty for a layer holding every expert
   moe_path path = moe_path::standard;
   decode_device decode_dev;
+  int64_t l2_bytes = 0;  // the device's L2 (weights_evict_first)
   bool scales13_in_range = false, scales2_in_range = false;  // sm90::gemm_weights::scales_in_range
 };
 
@@ -303,6 +317,8 @@ moe_layer::moe_layer(const moe_weights& w, const moe_config& cfg, const std::vec
     MXMOE_CUDA_CHECK(cudaDeviceGetAttribute(&v, cudaDevAttrReservedSharedMemoryPerBlock, dev));
     d.smem_reserved_per_cta = static_cast<size_t>(v);
     d.occupancy.measure();
+    MXMOE_CUDA_CHECK(cudaDeviceGetAttribute(&v, cudaDevAttrL2CacheSize, dev));
+    m.l2_bytes = v;
   }
   m.frag13 = {2 * I, H};
   m.frag2 = {H, I};
@@ -488,7 +504,11 @@ void moe_layer::forward(const tensor_view& x, const routing_input& routing, cons
   g1.dependent = !legacy;
   g1.experts = E;
   g1.b_row_count = pairs;
-  g1.weights_evict_first = prefill && weights_read_once(T, k, E, bn);
+  g1.weights_evict_first =
+      prefill && weights_evict_first(T, k, E, bn, H, I,
+                                     m.frag13.weight_bytes() + m.frag13.scale_bytes() + m.frag2.weight_bytes() +
+                                         m.frag2.scale_bytes(),
+                                     m.l2_bytes);
   sm90::gemm_launch g2 = g1;
   if (decode) {
     const int64_t est_tiles = std::min(E, pairs);
