@@ -1,6 +1,6 @@
 // bench_moe — command-line front of the MoE layer benchmark (moe_bench.cu).
 //   bench_moe [--shapes a,b] [--tokens 1,8,...] [--iters N] [--json PATH] [--torch-json PATH] [--peer-json PATH]
-//             [--commit SHA] [--ep P | --tp P]
+//             [--commit SHA] [--ep P | --tp P] [--l2-flush dirty|clean]
 // --ep / --tp: the layer over P GPUs, one process each: scripts/launch.sh -n P -- bench_moe --ep P ...
 #include <cstdio>
 #include <cstdlib>
@@ -25,11 +25,13 @@ int run(int argc, char** argv) {
     const char* a = argv[i];
     const bool known = !std::strcmp(a, "--shapes") || !std::strcmp(a, "--tokens") || !std::strcmp(a, "--iters") ||
                        !std::strcmp(a, "--json") || !std::strcmp(a, "--torch-json") || !std::strcmp(a, "--peer-json") ||
-                       !std::strcmp(a, "--commit") || !std::strcmp(a, "--ep") || !std::strcmp(a, "--tp");
+                       !std::strcmp(a, "--commit") || !std::strcmp(a, "--ep") || !std::strcmp(a, "--tp") ||
+                       !std::strcmp(a, "--l2-flush");
     if (!known) {
       std::fprintf(stderr,
                    "usage: bench_moe [--shapes gpt-oss-120b,qwen3-30b-a3b,kimi-k2] [--tokens 1,8,32,...] "
-                   "[--iters 30] [--json PATH] [--torch-json PATH] [--peer-json PATH] [--commit SHA] [--ep P | --tp P]\n");
+                   "[--iters 30] [--json PATH] [--torch-json PATH] [--peer-json PATH] [--commit SHA] [--ep P | --tp P] "
+                   "[--l2-flush dirty|clean]\n");
       return std::strcmp(a, "--help") ? 2 : 0;
     }
     if (i + 1 >= argc) {
@@ -55,6 +57,12 @@ int run(int argc, char** argv) {
       opt.ep = std::atoi(v);
     } else if (!std::strcmp(a, "--tp")) {
       opt.tp = std::atoi(v);
+    } else if (!std::strcmp(a, "--l2-flush")) {
+      if (std::strcmp(v, "dirty") && std::strcmp(v, "clean")) {
+        std::fprintf(stderr, "bench_moe: --l2-flush: expected 'dirty' or 'clean', got '%s'\n", v);
+        return 2;
+      }
+      opt.l2_flush = v;
     } else {
       opt.commit = v;
     }

@@ -5,7 +5,8 @@
 // random codes, scale bytes around synthetic::scale_centre(K)), random bf16 activations and router
 // logits, the layer prepared and run through include/mxmoe/forward.h,
 // the whole layer (routing included) captured in a CUDA graph per input set; R input sets are
-// rotated and the L2 (60 MB) is flushed before each timed replay; median of `iters` replays.
+// rotated and the L2 (60 MB) is flushed before each timed replay (--l2-flush: by a memset, which
+// leaves it full of dirty lines, or by a read); median of `iters` replays.
 //
 // Napkin math, per point:
 //   bytes  = touched experts * 3*H*I * 4.25/8   (E2M1 + one E8M0 per 32)  + 2*T*H*2 (x, out)
@@ -166,6 +167,31 @@ peer_baseline load_peer(const std::string& path) {
   return pb;
 }
 
+// The clean L2 flush (--l2-flush clean): reads n 16-byte vectors, so that the L2 holds clean lines
+// only; the sum is stored only if it is the impossible all-ones pattern, which keeps the loads.
+__global__ void read_flush_kernel(const uint4* __restrict__ p, int64_t n, uint4* sink) {
+  uint4 acc = make_uint4(0, 0, 0, 0);
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const uint4 v = p[i];
+    acc.x ^= v.x, acc.y ^= v.y, acc.z ^= v.z, acc.w ^= v.w;
+  }
+  if ((acc.x & acc.y & acc.z & acc.w) == 0xFFFFFFFFu) *sink = acc;
+}
+
+// Before each timed replay: the L2 emptied of the layer's data, by a memset (dirty) or a read
+// (clean) of a buffer four times the L2 of any Hopper part.
+void flush_l2(cuda::device_buffer& flush, bool clean, int it, cudaStream_t stream) {
+  if (!clean) {
+    MXMOE_CUDA_CHECK(cudaMemsetAsync(flush.data(), it & 0xFF, flush.size(), stream));
+    return;
+  }
+  const int64_t vecs = static_cast<int64_t>(flush.size() / sizeof(uint4)) - 1;  // the last one is the sink
+  uint4* base = static_cast<uint4*>(flush.data());
+  read_flush_kernel<<<1024, 256, 0, stream>>>(base, vecs, base + vecs);
+  MXMOE_CUDA_CHECK(cudaGetLastError());
+}
+
 }  // namespace
 
 int run_moe_bench(const moe_bench_options& opt) {
@@ -195,6 +221,10 @@ int run_moe_bench(const moe_bench_options& opt) {
   const int64_t max_t = *std::max_element(opt.tokens.begin(), opt.tokens.end());
   constexpr int kSets = 4;
   cuda::device_buffer flush(size_t{256} << 20);
+  const bool clean_flush = opt.l2_flush == "clean";
+  MXMOE_CUDA_CHECK(cudaMemset(flush.data(), 0, flush.size()));
+  std::printf("L2 flushed before each timed replay: %s\n",
+              clean_flush ? "clean (a 256 MiB read)" : "dirty (a 256 MiB memset; the forward writes it back as it evicts it)");
 
   for (const std::string& name : opt.shapes) {
     const model_preset* preset = find_model_preset(name);
@@ -260,7 +290,7 @@ int run_moe_bench(const moe_bench_options& opt) {
       for (int s = 0; s < kSets; ++s) MXMOE_CUDA_CHECK(cudaGraphLaunch(exec[s], stream));  // warm-up
       std::vector<double> times;
       for (int it = 0; it < opt.iters; ++it) {
-        MXMOE_CUDA_CHECK(cudaMemsetAsync(flush.data(), it & 0xFF, flush.size(), stream));
+        flush_l2(flush, clean_flush, it, stream);
         MXMOE_CUDA_CHECK(cudaEventRecord(e0, stream));
         MXMOE_CUDA_CHECK(cudaGraphLaunch(exec[it % kSets], stream));
         MXMOE_CUDA_CHECK(cudaEventRecord(e1, stream));
@@ -303,7 +333,8 @@ int run_moe_bench(const moe_bench_options& opt) {
     nlohmann::json j = {{"gpu", prop.name},        {"commit", opt.commit},
                         {"date", date},            {"copy_tbps", copy_tbps},
                         {"bf16_tflops", tb.bf16_tflops > 0 ? nlohmann::json(tb.bf16_tflops) : nlohmann::json(nullptr)},
-                        {"peer", pb.info},         {"rows", rows}};
+                        {"peer", pb.info},         {"rows", rows},
+                        {"l2_flush", opt.l2_flush}};
     if (pb.info.is_null()) j["peer_reason"] = pb.reason;
     std::ofstream(opt.json_out) << j.dump(2) << "\n";
   }

@@ -17,6 +17,10 @@ struct moe_bench_options {
   std::string torch_json;         // torch BF16 baseline measured in this run (bench/torch_baseline.py)
   std::string peer_json;          // the peer measured in this run (bench/peer_triton.py)
   std::string commit = "unknown";
+  // The L2 flush before each timed replay: "dirty", a 256 MiB memset (the L2 full of dirty lines,
+  // which the forward writes back as it evicts them, as after a kernel that wrote), or "clean", a
+  // 256 MiB read (clean lines only: no write-back inside the timing).
+  std::string l2_flush = "dirty";
   // > 1: the layer over P ranks of an NCCL group, one process per GPU launched by
   // scripts/launch.sh (moe_bench_parallel.cu): expert or tensor parallelism.
   int ep = 1, tp = 1;

@@ -6,7 +6,7 @@
 # beyond the run's largest spread (docs/performance.md, "How to reproduce").
 #
 #   scripts/ab_moe.sh [--rounds R] [--shapes a,b] [--tokens 1,8,...] [--iters N] [--out DIR] \
-#                     [--time-limit S] base=PATH/bench_moe NAME=PATH/bench_moe ...
+#                     [--time-limit S] [--l2-flush dirty|clean] base=PATH/bench_moe NAME=PATH/bench_moe ...
 #   scripts/ab_moe.sh --tokens 1,8,32 base=old/bin/bench_moe new=build/bin/bench_moe
 #
 # The first build named is the base. Writes DIR/<build>_<round>.json (bench_moe --json),
@@ -18,13 +18,14 @@
 # then covers the rounds done (it says so on stderr), so that a device call with a hard limit
 # still gets its table (one that ran past its limit before comparing lost everything:
 # docs/performance.md, twenty-second session).
+# --l2-flush: bench_moe's flush before each timed replay (default: bench_moe's, dirty).
 # Environment variables such as MXMOE_MOE_PATH apply to every build alike.
 # Exit status: 0 when every run wrote its results, 1 when one failed (the table then covers the
 # rest), 2 on a usage error.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
-usage() { sed -n '2,23p' "$0" | sed 's/^# \{0,1\}//'; }
+usage() { sed -n '2,24p' "$0" | sed 's/^# \{0,1\}//'; }
 die() { echo "ab_moe.sh: $*" >&2; exit 2; }
 
 ROUNDS=2
@@ -32,16 +33,19 @@ SHAPES=gpt-oss-120b,qwen3-30b-a3b,kimi-k2,gpt-oss-20b,deepseek-v3,deepseek-v4-fl
 TOKENS=1,2,4,8,16,32,64,128
 ITERS=20
 LIMIT=""
+FLUSH=()
 DIR=${OUT:-.}/ab
 names=()
 bins=()
 while (($#)); do
   case $1 in
-    --rounds | --shapes | --tokens | --iters | --out | --time-limit)
+    --rounds | --shapes | --tokens | --iters | --out | --time-limit | --l2-flush)
       [ $# -ge 2 ] || die "$1 needs a value"
       case $1 in
         --rounds) ROUNDS=$2 ;; --shapes) SHAPES=$2 ;; --tokens) TOKENS=$2 ;; --iters) ITERS=$2 ;; --out) DIR=$2 ;;
         --time-limit) LIMIT=$2 ;;
+        --l2-flush) [[ $2 == dirty || $2 == clean ]] || die "--l2-flush: expected dirty or clean, got '$2'"
+                    FLUSH=(--l2-flush "$2") ;;
       esac
       shift 2 ;;
     -h | --help) usage; exit 0 ;;
@@ -52,7 +56,7 @@ while (($#)); do
       [ -x "$bin" ] || die "build '$name': '$bin' is not an executable bench_moe"
       names+=("$name") bins+=("$bin")
       shift ;;
-    *) die "unknown argument '$1' (expected --rounds, --shapes, --tokens, --iters, --out, --time-limit or NAME=PATH)" ;;
+    *) die "unknown argument '$1' (expected --rounds, --shapes, --tokens, --iters, --out, --time-limit, --l2-flush or NAME=PATH)" ;;
   esac
 done
 ((${#names[@]} >= 2)) || die "name at least two builds: base=PATH NAME=PATH ..."
@@ -86,7 +90,7 @@ for ((r = 1; r <= ROUNDS; ++r)); do
     json=$DIR/${names[$i]}_$r.json
     echo "ab_moe: round $r, ${names[$i]}"
     t0=$(date +%s.%N)
-    if ! "${bins[$i]}" --shapes "$SHAPES" --tokens "$TOKENS" --iters "$ITERS" --json "$json" >"$DIR/${names[$i]}_$r.log" 2>&1; then
+    if ! "${bins[$i]}" --shapes "$SHAPES" --tokens "$TOKENS" --iters "$ITERS" "${FLUSH[@]}" --json "$json" >"$DIR/${names[$i]}_$r.log" 2>&1; then
       echo "ab_moe: ${names[$i]} failed in round $r (log: $DIR/${names[$i]}_$r.log)" >&2
       rm -f "$json"
       status=1

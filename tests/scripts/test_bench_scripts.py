@@ -290,6 +290,9 @@ a = sys.argv[1:]
 calls = os.path.join(os.path.dirname(os.path.abspath(__file__)), "calls")
 with open(calls, "a") as f:
     f.write(os.path.basename(__file__) + "\\n")
+if "--l2-flush" in a:  # what ab_moe.sh passed on, one line per run
+    with open(calls + ".flush", "a") as f:
+        f.write(a[a.index("--l2-flush") + 1] + "\\n")
 if os.path.basename(__file__) == "broken":
     sys.exit(3)
 tokens = [int(t) for t in a[a.index("--tokens") + 1].split(",")]
@@ -336,6 +339,19 @@ class AbScript(unittest.TestCase):
             self.assertTrue(os.path.exists(os.path.join(out, "ab.json")))
             row8 = next(l for l in run.stdout.splitlines() if re.match(r"qwen3-30b-a3b\s+8\s", l))
             self.assertRegex(row8, r"\s800\.0\s+1\.000\s+0\.800\*")
+
+    def test_l2_flush_reaches_every_run(self):
+        with tempfile.TemporaryDirectory() as d:
+            base, new = self.fake(d, "base"), self.fake(d, "new")
+            run = self.run_ab(d, "--rounds", "2", "--shapes", "qwen3-30b-a3b", "--tokens", "8", "--out",
+                              os.path.join(d, "ab"), f"base={base}", f"new={new}")
+            self.assertEqual(run.returncode, 0, run.stderr)
+            self.assertFalse(os.path.exists(os.path.join(d, "calls.flush")))  # bench_moe's default
+            run = self.run_ab(d, "--rounds", "2", "--l2-flush", "clean", "--shapes", "qwen3-30b-a3b", "--tokens", "8",
+                              "--out", os.path.join(d, "ab2"), f"base={base}", f"new={new}")
+            self.assertEqual(run.returncode, 0, run.stderr)
+            with open(os.path.join(d, "calls.flush")) as f:
+                self.assertEqual(f.read().split(), ["clean"] * 4)
 
     def test_clock_sampled_during_each_run(self):
         with tempfile.TemporaryDirectory() as d:
@@ -398,6 +414,7 @@ class AbScript(unittest.TestCase):
                 ([f"base={base}", f"a/b={base}"], "build name 'a/b'"),
                 (["--rounds", "0", f"base={base}", f"new={base}"], "--rounds: expected a positive integer, got '0'"),
                 (["--frobnicate"], "unknown argument '--frobnicate'"),
+                (["--l2-flush", "wet", f"base={base}", f"new={base}"], "--l2-flush: expected dirty or clean, got 'wet'"),
             ]:
                 run = self.run_ab(d, *args)
                 self.assertEqual(run.returncode, 2, args)
