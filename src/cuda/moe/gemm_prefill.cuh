@@ -198,9 +198,10 @@ struct prefill_maps {
   CUtensorMap codes;          // u32 [experts * row tiles][K/64][128], box {128, A_KSTEPS, ROW_TILES}
   CUtensorMap scales;         // u32 [experts * row tiles][K/64][8], box {8, A_KSTEPS, ROW_TILES}
   CUtensorMap rows[WIDTHS];   // bf16 B rows [rows][K], box {64, 16 (w + 1)}, 128-byte swizzle
-  // The L2 policy of the weight copies (gemm_launch::weights_evict_first): evict-first where each
-  // weight line is read once, so that the weights streaming through the L2 do not push out the
-  // gathered rows, GEMM1's activations and GEMM2's outputs, which the next kernel reads back.
+  // The L2 policy of the weight copies (gemm_launch::weights_evict_first): evict-first where
+  // moe_layer.cu's rule says so, so that the weights streaming through the L2 do not push out the
+  // gathered rows, GEMM1's activations and GEMM2's outputs, which the next kernel reads back;
+  // normal elsewhere.
   uint64_t weight_l2_policy;
 };
 

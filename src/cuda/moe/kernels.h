@@ -95,7 +95,7 @@ struct gemm_launch {
   int64_t experts = 0;         // prefill: experts in the weights, and
   int64_t b_row_count = 0;     // the rows of b_rows (T·k): the extents of the kernel's tensor maps
   bool weights_evict_first = false;  // prefill: the weight copies ask the L2 to evict their lines first
-                                     // (moe_layer.cu: where each expert's weights are read once)
+                                     // (moe_layer.cu's weights_evict_first says where)
 };
 
 // Raises the kernels' shared-memory limit; call once before launching (not while capturing).

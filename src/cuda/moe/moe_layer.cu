@@ -94,7 +94,7 @@ gemm_config pick_config(int64_t tokens, int top_k, int64_t experts, routing_kind
 //     with more, the expert's next tile reads them again, and the L2 keeps them for it;
 //   - the intermediates fit in the L2; and
 //   - they are at least 1/12 of the weight bytes streamed (the experts touched, uniform estimate):
-//     the policy costs re-reads of 1.5-3 % of the weight bytes (ncu), which only a large enough
+//     the policy costs re-reads of 1.4-4.9 % of the weight bytes (ncu), which only a large enough
 //     saving outweighs.
 // Measured on an H100 (performance.md, twenty-fourth session): Qwen3-30B-A3B T = 512 0.96-0.97 of
 // the layer time, gpt-oss-20b T = 512 0.99-1.00; beyond these bounds 1.01-1.03 (gpt-oss-120b,
