@@ -1,5 +1,6 @@
 // moe/combine.cu — out[t, :] = sum over slots j (in slot order) of ybuf[t*k + j, :], the
-// routing-weighted expert outputs GEMM2 wrote (combine_vector). A fixed order keeps
+// routing-weighted expert outputs GEMM2 wrote (combine_vector; read with the L2 policy
+// moe_workspace::ybuf_load_l2_policy). A fixed order keeps
 // the layer deterministic (no atomics on the output). Dropped slots (id -1) contribute nothing.
 // Each thread owns 8 consecutive hidden values: 16-byte loads and stores. A programmatic dependent
 // of GEMM2 (pdl.cuh). (Folding it into GEMM2, the last CTA of a token summing, was measured
@@ -9,6 +10,7 @@
 #include "check.h"
 #include "mxmoe/dtype.h"
 #include "kernels.h"
+#include "l2_hint.cuh"
 #include "pdl.cuh"
 
 namespace mxmoe::cuda::sm90 {
@@ -27,7 +29,7 @@ __device__ __forceinline__ uint32_t valid_slots(const int32_t* ids, int64_t t, i
 // where a load per slot after the previous one's add cost k round trips (4-6 us at T = 1 under
 // ncu, docs/performance.md, 2026-12-05).
 __device__ __forceinline__ uint4 combine_vector(const uint16_t* ybuf, int64_t pair0, uint32_t mask, int64_t hidden,
-                                                int64_t col) {
+                                                int64_t col, uint64_t load_policy) {
   constexpr int kBatch = 8;
   float acc[8] = {};
   while (mask != 0) {
@@ -38,8 +40,7 @@ __device__ __forceinline__ uint4 combine_vector(const uint16_t* ybuf, int64_t pa
       if (mask == 0) break;
       const int j = __ffs(mask) - 1;
       mask &= mask - 1;
-      const uint4* src = reinterpret_cast<const uint4*>(ybuf + (pair0 + j) * hidden + col);
-      y[u] = *src;
+      y[u] = detail::load_16_l2_hint(ybuf + (pair0 + j) * hidden + col, load_policy);
       n = u + 1;
     }
 #pragma unroll
@@ -62,7 +63,7 @@ __device__ __forceinline__ uint4 combine_vector(const uint16_t* ybuf, int64_t pa
 
 
 __global__ void combine_kernel(int64_t tokens, int top_k, int64_t hidden, const int32_t* __restrict__ ids,
-                               const uint16_t* __restrict__ ybuf, uint16_t* __restrict__ out) {
+                               const uint16_t* __restrict__ ybuf, uint64_t load_policy, uint16_t* __restrict__ out) {
   detail::wait_for_previous_grid();
   detail::allow_dependent_launch();
   const int64_t vecs = hidden / 8;
@@ -70,7 +71,7 @@ __global__ void combine_kernel(int64_t tokens, int top_k, int64_t hidden, const 
   if (i >= tokens * vecs) return;
   const int64_t t = i / vecs, v = i % vecs;
   const uint32_t mask = valid_slots(ids, t, top_k);
-  *reinterpret_cast<uint4*>(out + t * hidden + v * 8) = combine_vector(ybuf, t * top_k, mask, hidden, v * 8);
+  *reinterpret_cast<uint4*>(out + t * hidden + v * 8) = combine_vector(ybuf, t * top_k, mask, hidden, v * 8, load_policy);
 }
 
 }  // namespace
@@ -79,7 +80,8 @@ void launch_combine(int64_t tokens, int top_k, int64_t hidden, const moe_workspa
                     bool dependent, cudaStream_t stream) {
   const int64_t n = tokens * (hidden / 8);
   launch_pdl(combine_kernel, dim3(static_cast<unsigned>((n + 255) / 256)), dim3(256), 0, stream, dependent, tokens,
-             top_k, hidden, static_cast<const int32_t*>(ws.ids), static_cast<const uint16_t*>(ws.ybuf), out);
+             top_k, hidden, static_cast<const int32_t*>(ws.ids), static_cast<const uint16_t*>(ws.ybuf),
+             ws.ybuf_load_l2_policy, out);
 }
 
 }  // namespace mxmoe::cuda::sm90

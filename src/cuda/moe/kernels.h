@@ -22,6 +22,8 @@
 
 #include <cstdint>
 
+#include <cute/arch/copy_sm90_desc.hpp>
+
 #include "mxmoe/moe.h"
 
 namespace mxmoe::cuda::sm90 {
@@ -49,6 +51,11 @@ struct moe_workspace {
   float* sorted_weights;  // [T*k]: weights[sorted[s]], written with sorted (GEMM2's epilogue reads it)
   uint16_t* act;        // [T*k, I] bf16
   uint16_t* ybuf;       // [T*k, H] bf16
+  // L2 policies (createpolicy encodings, l2_hint.cuh) of GEMM2's ybuf stores and of the combine's
+  // ybuf loads: evict-last and evict-first where moe_layer.cu keeps GEMM2's outputs in the L2 for
+  // the combine (keep_outputs_in_l2), normal elsewhere.
+  uint64_t ybuf_store_l2_policy = static_cast<uint64_t>(cute::TMA::CacheHintSm90::EVICT_NORMAL);
+  uint64_t ybuf_load_l2_policy = static_cast<uint64_t>(cute::TMA::CacheHintSm90::EVICT_NORMAL);
 };
 
 // Weights of one GEMM in the sm90 fragment layout, all experts back to back.

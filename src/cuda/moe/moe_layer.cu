@@ -108,6 +108,15 @@ bool weights_evict_first(int64_t tokens, int top_k, int64_t experts, int tokens_
          12 * intermediate_bytes >= weight_bytes;
 }
 
+// Whether GEMM2 stores its outputs evict-last and the combine reads them evict-first
+// (moe_workspace's ybuf policies): the L2 then keeps as much of ybuf as it holds until the combine
+// reads it, the weights and activations streaming past leaving first. Only where each expert's
+// weights are read about once (at most one tile per expert, uniform estimate): with several tiles
+// per expert, the lines kept would push out the weights the expert's next tile reads again.
+bool keep_outputs_in_l2(int64_t tokens, int top_k, int64_t experts, int tokens_per_tile) {
+  return pairs_per_expert(tokens, top_k, experts) <= tokens_per_tile;
+}
+
 // Tokens per tile of the decode GEMM: 8 or 16, never more than the smaller that holds T (a token
 // picks an expert once, so a tile never holds more than T pairs). Below that bound 8 up to 4 pairs
 // per expert, except under grouped sigmoid routing (an expert with more pairs than the tile gets
@@ -443,7 +452,7 @@ void moe_layer::forward(const tensor_view& x, const routing_input& routing, cons
   if (T == 0) return;
 
   cudaStream_t stream = static_cast<cudaStream_t>(stream_ptr);
-  const sm90::moe_workspace ws = plan.bind(workspace);
+  sm90::moe_workspace ws = plan.bind(workspace);
   const int64_t pairs = T * k;
   const bool legacy = m.path == moe_path::legacy;
   const gemm_config gc = pick_config(T, k, E, c.routing.kind, m.path);
@@ -510,6 +519,10 @@ void moe_layer::forward(const tensor_view& x, const routing_input& routing, cons
                                          m.frag2.scale_bytes(),
                                      m.l2_bytes);
   sm90::gemm_launch g2 = g1;
+  if (prefill && keep_outputs_in_l2(T, k, E, bn)) {
+    ws.ybuf_store_l2_policy = static_cast<uint64_t>(cute::TMA::CacheHintSm90::EVICT_LAST);
+    ws.ybuf_load_l2_policy = static_cast<uint64_t>(cute::TMA::CacheHintSm90::EVICT_FIRST);
+  }
   if (decode) {
     const int64_t est_tiles = std::min(E, pairs);
     g1.ring_rows = g2.ring_rows = decode_ring_rows(T, k, precomputed, bn);

@@ -4,7 +4,8 @@
 // token at row g + 8). The row of a thread is therefore one 16-row fragment tile rt and:
 //   gate_up_activation: rows come in layout::gate_up_rows order, so rows g and g + 8 are gate and
 //     up of output j = 8 rt + g: act(gate + b, up + b) -> act[sorted position, j] (bf16);
-//   weighted_down: (acc + b2) * routing weight -> ybuf[pair, row] (bf16).
+//   weighted_down: (acc + b2) * routing weight -> ybuf[pair, row] (bf16), stored with the L2 policy
+//     moe_workspace::ybuf_store_l2_policy.
 // Token columns at or past the tile's count hold other experts' rows (or zeros) and are dropped;
 // NMAX is the accumulator width, the tile's count decides how much of it is stored.
 #pragma once
@@ -17,6 +18,7 @@
 #include "mxmoe/dtype.h"
 
 #include "kernels.h"
+#include "l2_hint.cuh"
 #include "prefill_schedule.cuh"
 
 namespace mxmoe::cuda::sm90 {
@@ -117,7 +119,8 @@ __device__ __forceinline__ void store_prefill_item(const float (&acc)[NMAX / 2],
       const int col = 16 * p + 8 * (lane >> 4) + (lane & 7);
       const int32_t pair = __shfl_sync(0xFFFFFFFFu, in.pair[i], col & 31);
       if (col < it.count)
-        *reinterpret_cast<uint4*>(ws.ybuf + static_cast<int64_t>(pair) * w.rows + rt * 16 + 8 * ((lane >> 3) & 1)) = v;
+        detail::store_16_l2_hint(ws.ybuf + static_cast<int64_t>(pair) * w.rows + rt * 16 + 8 * ((lane >> 3) & 1), v,
+                                 ws.ybuf_store_l2_policy);
     }
   } else {
     const int64_t inter = w.rows / 2;
