@@ -10,6 +10,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
 #include <cstring>
 #include <limits>
 #include <random>
@@ -154,6 +155,10 @@ quantized quantize_on_gpu(const host_tensor& x, scale_rule rule, scale_layout la
   q.scales.resize(ds.size());
   if (dp.size()) dp.download(q.packed.data(), dp.size());
   if (ds.size()) ds.download(q.scales.data(), ds.size());
+  // quantize reads x and nothing else writes it: the device copy must still be the host's bytes.
+  std::vector<uint8_t> x_after(x.bytes.size());
+  if (!x_after.empty()) dx.download(x_after.data(), x_after.size(), misalign);
+  EXPECT_TRUE(x_after == x.bytes) << "quantize changed its input x";
   return q;
 }
 
@@ -165,10 +170,28 @@ int64_t first_difference(const std::vector<uint8_t>& a, const std::vector<uint8_
   return -1;
 }
 
-void expect_same_bytes(const quantized& gpu, const quantized& cpu, const std::string& what) {
+// The input bits of MX block `block` (blocks numbered in [batch, rows, K / 32] order), in hex.
+std::string block_bits(const host_tensor& x, int64_t block) {
+  const int64_t kb = x.shape[2] / mx::kBlockSize, rows = x.shape[1];
+  const int64_t b = block / (rows * kb), r = block / kb % rows, c = block % kb * mx::kBlockSize;
+  const int size = mxmoe::dtype_size(x.type);
+  std::string s;
+  char buf[12];
+  for (int i = 0; i < mx::kBlockSize; ++i) {
+    uint32_t v = 0;
+    std::memcpy(&v, x.bytes.data() + (x.offset(b, r, c + i)) * size, static_cast<size_t>(size));
+    std::snprintf(buf, sizeof buf, size == 2 ? "%04x " : "%08x ", v);
+    s += buf;
+  }
+  return s;
+}
+
+// On a difference, the message names the first differing byte and the input block it encodes.
+void expect_same_bytes(const quantized& gpu, const quantized& cpu, const host_tensor& x, const std::string& what) {
   const int64_t dp = first_difference(gpu.packed, cpu.packed), ds = first_difference(gpu.scales, cpu.scales);
   EXPECT_EQ(dp, -1) << what << ": packed byte " << dp << " gpu " << int{gpu.packed[size_t(std::max<int64_t>(dp, 0))]}
-                    << " cpu " << int{cpu.packed[size_t(std::max<int64_t>(dp, 0))]};
+                    << " cpu " << int{cpu.packed[size_t(std::max<int64_t>(dp, 0))]} << ", input block "
+                    << dp / mx::kPackedBlockBytes << ": " << block_bits(x, std::max<int64_t>(dp, 0) / mx::kPackedBlockBytes);
   EXPECT_EQ(ds, -1) << what << ": scale byte " << ds << " gpu " << int{gpu.scales[size_t(std::max<int64_t>(ds, 0))]}
                     << " cpu " << int{cpu.scales[size_t(std::max<int64_t>(ds, 0))]};
 }
@@ -203,9 +226,9 @@ void check_case(const host_tensor& x, scale_rule rule, scale_layout layout, bool
   const std::string what = describe(x.type, rule, layout, x.shape) + (misalign ? " misaligned" : "");
   const quantized cpu = quantize_on_cpu(x, rule, layout);
   const quantized gpu = quantize_on_gpu(x, rule, layout, misalign);
-  expect_same_bytes(gpu, cpu, what);
+  expect_same_bytes(gpu, cpu, x, what);
   expect_same_stats(gpu.stats, cpu.stats, what);
-  expect_same_bytes(quantize_on_gpu(x, rule, layout, misalign, false), cpu, what + " without statistics");
+  expect_same_bytes(quantize_on_gpu(x, rule, layout, misalign, false), cpu, x, what + " without statistics");
   expect_same_dequantize(cpu, x.shape, layout, what, misaligned);
 }
 
@@ -461,7 +484,7 @@ TEST(GpuQuantize, AsyncStatisticsOnConcurrentStreams) {
     q.scales.resize(ds[i].size());
     dp[i].download(q.packed.data(), q.packed.size());
     ds[i].download(q.scales.data(), q.scales.size());
-    expect_same_bytes(q, cpu[i], "stream " + std::to_string(i));
+    expect_same_bytes(q, cpu[i], xs[i], "stream " + std::to_string(i));
   }
   for (cudaStream_t s : streams) CUDA_OK(cudaStreamDestroy(s));
 }
@@ -500,7 +523,7 @@ TEST(GpuQuantize, AsyncStatisticsInCudaGraph) {
     q.scales.resize(ds.size());
     dp.download(q.packed.data(), q.packed.size());
     ds.download(q.scales.data(), q.scales.size());
-    expect_same_bytes(q, cpu, what);
+    expect_same_bytes(q, cpu, x, what);
     expect_same_stats(got[0], cpu.stats, what + ", graph");
     expect_same_stats(got[1], cpu.stats, what + ", direct");
   };
