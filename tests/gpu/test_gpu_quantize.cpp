@@ -130,6 +130,14 @@ quantized quantize_on_cpu(const host_tensor& x, scale_rule rule, scale_layout la
   return q;
 }
 
+// Index of the first differing byte, or -1.
+int64_t first_difference(const std::vector<uint8_t>& a, const std::vector<uint8_t>& b) {
+  if (a.size() != b.size()) return 0;
+  for (size_t i = 0; i < a.size(); ++i)
+    if (a[i] != b[i]) return static_cast<int64_t>(i);
+  return -1;
+}
+
 // Uploads x at `misalign` bytes past a 256-byte aligned allocation (0: the fast kernel; a
 // non-multiple of 16: the reference kernel), quantizes on the GPU into 0xFF-filled outputs.
 // `with_stats` false: quantize_async without a statistics pointer (the kernels that compute none);
@@ -155,19 +163,15 @@ quantized quantize_on_gpu(const host_tensor& x, scale_rule rule, scale_layout la
   q.scales.resize(ds.size());
   if (dp.size()) dp.download(q.packed.data(), dp.size());
   if (ds.size()) ds.download(q.scales.data(), ds.size());
-  // quantize reads x and nothing else writes it: the device copy must still be the host's bytes.
+  // quantize reads x and nothing else writes it: the device copy must still be the host's bytes
+  // (a difference here means quantize wrote its input, or the device memory did not keep it).
   std::vector<uint8_t> x_after(x.bytes.size());
   if (!x_after.empty()) dx.download(x_after.data(), x_after.size(), misalign);
-  EXPECT_TRUE(x_after == x.bytes) << "quantize changed its input x";
+  const int64_t dx_diff = first_difference(x_after, x.bytes);
+  EXPECT_EQ(dx_diff, -1) << "the device copy of x differs from the host's after quantize at byte " << dx_diff << ": "
+                         << int{x_after[size_t(std::max<int64_t>(dx_diff, 0))]} << " instead of "
+                         << int{x.bytes[size_t(std::max<int64_t>(dx_diff, 0))]};
   return q;
-}
-
-// Index of the first differing byte, or -1.
-int64_t first_difference(const std::vector<uint8_t>& a, const std::vector<uint8_t>& b) {
-  if (a.size() != b.size()) return 0;
-  for (size_t i = 0; i < a.size(); ++i)
-    if (a[i] != b[i]) return static_cast<int64_t>(i);
-  return -1;
 }
 
 // The input bits of MX block `block` (blocks numbered in [batch, rows, K / 32] order), in hex.
