@@ -36,7 +36,7 @@
 // N = 16·ceil(count/16) per tile (the K-step picks the wgmma instruction): a tile of 18 pairs
 // costs a 32-wide product, not an NMAX-wide one; NMAX sets the ring slot and the accumulators
 // (NMAX/2 floats per thread). fp32 accumulation over the whole K, one CTA per output: deterministic.
-// Epilogues: prefill_epilogue.cuh (activation fused in GEMM1, routing weight in GEMM2); each
+// Epilogues: prefill_epilogue.cuh (activation fused in GEMM1, GEMM2's rows in sorted order); each
 // consumer warp transposes its accumulators through 512 bytes of its own shared memory (stmatrix)
 // and stores 16-byte vectors: 8x fewer store instructions than 2-byte stores straight from the
 // accumulators (with the stagger below and bf16x2 packing by cvt: 0.89-0.99 of the layer time at
@@ -491,7 +491,7 @@ __device__ void consume_item(const prefill_smem<Cfg>& sm, const prefill_grid& pg
   if (releases_stagger) stagger_release<Cfg>(ksteps, 1 << 30);  // an item shorter than the stagger
   // The epilogue's loads overlap the last K-step's wgmmas.
   const prefill_item it = prefill_item_at<Cfg::ROW_TILES>(ws, pg, item);
-  const prefill_epilogue_inputs<Cfg::NMAX> inputs = load_prefill_epilogue_inputs<Cfg::NMAX>(it, local_tile, w, ws, ep);
+  const prefill_epilogue_inputs inputs = load_prefill_epilogue_inputs(it, local_tile, w);
   cute::warpgroup_wait<0>();
 #pragma unroll
   for (int i = 0; i < Cfg::NMAX / 2; ++i) cute::warpgroup_fence_operand(acc[i]);
@@ -600,7 +600,7 @@ __global__ void __launch_bounds__(Cfg::THREADS, 1)
       if (lane == 0) {
         cute::prefetch_tma_descriptor(reinterpret_cast<const cute::TmaDescriptor*>(&maps.codes));
         cute::prefetch_tma_descriptor(reinterpret_cast<const cute::TmaDescriptor*>(&maps.scales));
-        load_weights<Cfg>(sm, maps, ws, pg, ws.item_counters + (ep == epilogue_kind::weighted_down ? 1 : 0));
+        load_weights<Cfg>(sm, maps, ws, pg, ws.item_counters + (ep == epilogue_kind::gate_up_activation ? 0 : 1));
       }
     } else if (warp == Cfg::ACTIVATION_WARP) {
       if (lane < Cfg::WIDTHS)

@@ -70,7 +70,14 @@ struct gemm_weights {
   bool scales_in_range = false;
 };
 
-enum class epilogue_kind : int { gate_up_activation, weighted_down };
+// GEMM2's two epilogues differ in where a pair's output row lands and who weighs it:
+//   weighted_down: (acc + b2) * routing weight -> ybuf[pair] (decode GEMM, wgmma tiles);
+//     combine with ybuf_rows::by_pair.
+//   down_sorted: acc + b2 -> ybuf[sorted position] (prefill GEMM: stored like GEMM1's act, with no
+//     per-column pair or weight); combine with ybuf_rows::by_sorted_position, which applies the weight.
+enum class epilogue_kind : int { gate_up_activation, weighted_down, down_sorted };
+// How the combine finds and weighs pair p's ybuf row (see epilogue_kind).
+enum class ybuf_rows : int { by_pair, by_sorted_position };
 
 // Tile shapes the launcher can pick from.
 //   decode: gemm_decode.cuh (weights streamed by each warp through a cp.async ring, mma.sync;
@@ -174,7 +181,7 @@ void launch_import_routing(const int32_t* ids, const float* weights, int64_t tok
 void launch_schedule(int64_t experts, int tokens_per_tile, int64_t max_tiles, const moe_workspace& ws,
                      cudaStream_t stream);
 void launch_scatter(int64_t pairs, const moe_workspace& ws, cudaStream_t stream);
-void launch_combine(int64_t tokens, int top_k, int64_t hidden, const moe_workspace& ws, uint16_t* out,
+void launch_combine(int64_t tokens, int top_k, int64_t hidden, const moe_workspace& ws, ybuf_rows rows, uint16_t* out,
                     bool dependent, cudaStream_t stream);
 
 // Checkpoint layout (device memory, one expert) -> sm90 fragment layout (device memory).

@@ -540,8 +540,11 @@ void moe_layer::forward(const tensor_view& x, const routing_input& routing, cons
     b1 = ws.ybuf;
   }
   sm90::launch_gemm(g1, w13, b1, ws, k, sm90::epilogue_kind::gate_up_activation, c.activation, stream);
-  sm90::launch_gemm(g2, w2, ws.act, ws, k, sm90::epilogue_kind::weighted_down, c.activation, stream);
-  sm90::launch_combine(T, k, H, ws, out.as<uint16_t>(), !legacy, stream);
+  sm90::launch_gemm(g2, w2, ws.act, ws, k,
+                    prefill ? sm90::epilogue_kind::down_sorted : sm90::epilogue_kind::weighted_down, c.activation,
+                    stream);
+  sm90::launch_combine(T, k, H, ws, prefill ? sm90::ybuf_rows::by_sorted_position : sm90::ybuf_rows::by_pair,
+                       out.as<uint16_t>(), !legacy, stream);
 }
 
 }  // namespace mxmoe::cuda

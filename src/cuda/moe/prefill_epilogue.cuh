@@ -4,8 +4,8 @@
 // token at row g + 8). The row of a thread is therefore one 16-row fragment tile rt and:
 //   gate_up_activation: rows come in layout::gate_up_rows order, so rows g and g + 8 are gate and
 //     up of output j = 8 rt + g: act(gate + b, up + b) -> act[sorted position, j] (bf16);
-//   weighted_down: (acc + b2) * routing weight -> ybuf[pair, row] (bf16), stored with the L2 policy
-//     moe_workspace::ybuf_store_l2_policy.
+//   down_sorted: acc + b2 -> ybuf[sorted position, row] (bf16; the combine applies the routing
+//     weight), stored with the L2 policy moe_workspace::ybuf_store_l2_policy.
 // Token columns at or past the tile's count hold other experts' rows (or zeros) and are dropped;
 // NMAX is the accumulator width, the tile's count decides how much of it is stored.
 #pragma once
@@ -24,44 +24,25 @@
 namespace mxmoe::cuda::sm90 {
 
 // What the stores of a work item read from global memory besides the accumulators: the two rows'
-// biases and (weighted_down) the pair and routing weight of each token column, column 32 i + lane
-// in round i. consume_item loads them before it waits for the item's last wgmmas, all independent
-// (the weights from sorted_weights, written by the routing kernels in sorted order: read as
-// weights[pair] they waited for the pair's load, ~6 % of GEMM2's samples at the item's end, ncu
-// 2026-12-05, eleventh session): the stores then wait for no load. Loaded
-// round by round inside the stores instead (until 2026-12-05), each round waited for two dependent
-// loads: with K = 768 (Qwen3-30B-A3B's GEMM2) stall sampling put ~48 % of the consumers' samples
-// in that epilogue (docs/performance.md, "2026-12-05 (fifth session)").
-template <int NMAX>
+// biases. consume_item loads them before it waits for the item's last wgmmas, so the stores wait
+// for no load. GEMM2's stores go to sorted positions (epilogue_kind::down_sorted), with no pair or
+// routing weight per token column: the combine finds each pair's row and weighs it. Stored by pair
+// with the weight applied here instead (until 2026-12-06), each 16 token columns took five
+// shuffles (four weights, one pair) before their store, and each item six pair and weight loads
+// per lane; ncu put 22 % of GEMM2's consumer samples in that epilogue at T = 2048 on
+// Qwen3-30B-A3B, 60 % of them waiting on shuffle and shared-memory results (docs/performance.md,
+// "2026-12-06 (twenty-sixth session)").
 struct prefill_epilogue_inputs {
-  static constexpr int ROUNDS = (NMAX + 31) / 32;
   float bias0 = 0.0f, bias1 = 0.0f;  // rows r0 = 16 rt + g and r1 = r0 + 8
-  int32_t pair[ROUNDS] = {};
-  float weight[ROUNDS] = {};
 };
 
-template <int NMAX>
-__device__ __forceinline__ prefill_epilogue_inputs<NMAX> load_prefill_epilogue_inputs(const prefill_item& it,
-                                                                                      int local_tile,
-                                                                                      const gemm_weights& w,
-                                                                                      const moe_workspace& ws,
-                                                                                      epilogue_kind ep) {
-  prefill_epilogue_inputs<NMAX> in;
-  if (local_tile >= it.row_tiles) return in;  // a warp past the last row tile stores nothing
-  const int lane = threadIdx.x & 31;
-  const int64_t r0 = (static_cast<int64_t>(it.row_tile0) + local_tile) * 16 + (lane >> 2);
-  if (w.bias) {
-    in.bias0 = w.bias[it.expert * w.rows + r0];
-    in.bias1 = w.bias[it.expert * w.rows + r0 + 8];
-  }
-  if (ep == epilogue_kind::weighted_down) {
-#pragma unroll
-    for (int i = 0; i < in.ROUNDS; ++i) {
-      if (32 * i + lane >= it.count) continue;
-      in.pair[i] = ws.sorted[it.start + 32 * i + lane];
-      in.weight[i] = ws.sorted_weights[it.start + 32 * i + lane];
-    }
-  }
+__device__ __forceinline__ prefill_epilogue_inputs load_prefill_epilogue_inputs(const prefill_item& it, int local_tile,
+                                                                               const gemm_weights& w) {
+  prefill_epilogue_inputs in;
+  if (local_tile >= it.row_tiles || !w.bias) return in;  // a warp past the last row tile stores nothing
+  const int64_t r0 = (static_cast<int64_t>(it.row_tile0) + local_tile) * 16 + ((threadIdx.x & 31) >> 2);
+  in.bias0 = w.bias[it.expert * w.rows + r0];
+  in.bias1 = w.bias[it.expert * w.rows + r0 + 8];
   return in;
 }
 
@@ -80,47 +61,41 @@ __device__ __forceinline__ void stage_transposed(uint8_t* stage, uint32_t m0, ui
 // The stores leave in 16-byte vectors, one per token column and eight consecutive output rows:
 // the accumulators go through the warp's `stage` (stmatrix .trans) and come back with one 16-byte
 // shared load per lane. Written as 2-byte stores straight from the accumulators instead (until
-// 2026-12-05), a 176-wide tile took 88 store instructions per thread for weighted_down, each
+// 2026-12-05), a 176-wide tile took 88 store instructions per thread for GEMM2, each
 // touching four half-filled sectors.
-//   weighted_down: per 16 token columns (blocks ni0 = 2p, 2p + 1) the four matrices (ni0, rows g),
+//   down_sorted: per 16 token columns (blocks ni0 = 2p, 2p + 1) the four matrices (ni0, rows g),
 //     (ni0, rows g + 8), (ni0 + 1, rows g), (ni0 + 1, rows g + 8); lane l then holds token column
 //     16 p + 8 (l / 16) + l % 8 at rows 8 ((l / 8) % 2) .. + 7 of the row tile.
 //   gate_up_activation: per 32 token columns (blocks 4q .. 4q + 3) one matrix per block of the eight
 //     activation outputs j of the row tile; lane l then holds token column 32 q + l.
 template <int NMAX>
-__device__ __forceinline__ void store_prefill_item(const float (&acc)[NMAX / 2], const prefill_epilogue_inputs<NMAX>& in,
+__device__ __forceinline__ void store_prefill_item(const float (&acc)[NMAX / 2], const prefill_epilogue_inputs& in,
                                                    const prefill_item& it, int local_tile, const gemm_weights& w,
                                                    const moe_workspace& ws, epilogue_kind ep,
                                                    const activation_config& act, uint8_t* stage) {
   if (local_tile >= it.row_tiles) return;  // a warp past the last row tile of the matrix (the whole warp)
-  const int lane = threadIdx.x & 31, t4 = lane & 3;
+  const int lane = threadIdx.x & 31;
   const int64_t rt = it.row_tile0 + local_tile;
   const uint4* staged = reinterpret_cast<const uint4*>(stage) + lane;
-  if (ep == epilogue_kind::weighted_down) {
+  if (ep == epilogue_kind::down_sorted) {
 #pragma unroll
     for (int p = 0; p < NMAX / 16; ++p) {
       if (16 * p >= it.count) break;  // uniform
-      const int i = p / 2;            // the round of in.pair / in.weight holding these 16 columns
       uint32_t m[4];
 #pragma unroll
       for (int b = 0; b < 2; ++b) {
         const int ni = 2 * p + b;
-        // The weights of this lane's two token columns 8 ni + 2 t4 + h, from the lanes that loaded them.
-        const int src = (8 * ni + 2 * t4) & 31;
-        const float w0 = __shfl_sync(0xFFFFFFFFu, in.weight[i], src);
-        const float w1 = __shfl_sync(0xFFFFFFFFu, in.weight[i], src + 1);
-        m[2 * b] = float2_to_bf16x2((acc[4 * ni] + in.bias0) * w0, (acc[4 * ni + 1] + in.bias0) * w1);
-        m[2 * b + 1] = float2_to_bf16x2((acc[4 * ni + 2] + in.bias1) * w0, (acc[4 * ni + 3] + in.bias1) * w1);
+        m[2 * b] = float2_to_bf16x2(acc[4 * ni] + in.bias0, acc[4 * ni + 1] + in.bias0);
+        m[2 * b + 1] = float2_to_bf16x2(acc[4 * ni + 2] + in.bias1, acc[4 * ni + 3] + in.bias1);
       }
       stage_transposed(stage, m[0], m[1], m[2], m[3]);
       __syncwarp();
       const uint4 v = *staged;
       __syncwarp();  // the next round's stmatrix overwrites the stage
       const int col = 16 * p + 8 * (lane >> 4) + (lane & 7);
-      const int32_t pair = __shfl_sync(0xFFFFFFFFu, in.pair[i], col & 31);
       if (col < it.count)
-        detail::store_16_l2_hint(ws.ybuf + static_cast<int64_t>(pair) * w.rows + rt * 16 + 8 * ((lane >> 3) & 1), v,
-                                 ws.ybuf_store_l2_policy);
+        detail::store_16_l2_hint(ws.ybuf + (static_cast<int64_t>(it.start) + col) * w.rows + rt * 16 + 8 * ((lane >> 3) & 1),
+                                 v, ws.ybuf_store_l2_policy);
     }
   } else {
     const int64_t inter = w.rows / 2;
