@@ -5,7 +5,8 @@
 // writes both: kernels.h). Costs T·H·2 bytes read and T·k·H·2 written; a gather by sorted position
 // read each token's row k times, at random times, which at T = 16384 the L2 mostly missed (x is
 // 67-235 MB on Qwen3-30B-A3B and Kimi-K2). The rows live in the workspace's ybuf, which GEMM2
-// overwrites afterwards. A programmatic dependent launch (pdl.cuh): it waits for the routing
+// overwrites afterwards. Each pair's sorted position and routing weight also go to
+// moe_workspace::combine_slots, for the combine after GEMM2. A programmatic dependent launch (pdl.cuh): it waits for the routing
 // before reading it.
 #include <cuda_runtime.h>
 
@@ -32,7 +33,9 @@ __global__ void __launch_bounds__(kGatherThreads)
   if (threadIdx.x < top_k) {
     const int64_t p = t * top_k + threadIdx.x;
     const int e = ws.ids[p];
-    dst_row[threadIdx.x] = e >= 0 ? static_cast<int64_t>(ws.offsets[e]) + ws.pos[p] : -1;
+    const int32_t s = e >= 0 ? ws.offsets[e] + ws.pos[p] : -1;
+    dst_row[threadIdx.x] = s;
+    ws.combine_slots[p] = combine_slot{s, ws.weights[p]};
   }
   __syncthreads();
   const int64_t vecs = hidden / 8;

@@ -35,6 +35,12 @@ struct tile_desc {
 };
 
 // Device pointers into the workspace.
+// Where the combine finds a pair's output row and how it weighs it (moe_workspace::combine_slots).
+struct alignas(8) combine_slot {
+  int32_t row;
+  float weight;
+};
+
 struct moe_workspace {
   int32_t* counts;      // [E]
   int32_t* offsets;     // [E + 1]
@@ -48,7 +54,10 @@ struct moe_workspace {
   float* weights;       // [T*k]
   int32_t* pos;         // [T*k]: rank of pair p within its expert, s = offsets[ids[p]] + pos[p]
   int32_t* sorted;      // [T*k]
-  float* sorted_weights;  // [T*k]: weights[sorted[s]], written with sorted (GEMM2's epilogue reads it)
+  float* sorted_weights;  // [T*k]: weights[sorted[s]], written with sorted (the decode GEMM2's epilogue reads it)
+  // [T*k]: pair p's ybuf row after the prefill GEMM2 (its sorted position, -1: dropped) and routing
+  // weight, written by gather_rows.cu; the combine's one load per slot (ybuf_rows::by_sorted_position).
+  combine_slot* combine_slots;
   uint16_t* act;        // [T*k, I] bf16
   uint16_t* ybuf;       // [T*k, H] bf16
   // L2 policies (createpolicy encodings, l2_hint.cuh) of GEMM2's ybuf stores and of the combine's

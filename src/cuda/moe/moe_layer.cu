@@ -223,7 +223,8 @@ decode_split pick_decode_split(int bn, int ring_rows, int64_t est_tiles, int64_t
 }
 
 struct workspace_plan {
-  size_t counts, offsets, num_tiles, error_flag, item_counters, tiles, ids, weights, pos, sorted, sorted_weights, act, ybuf, total;
+  size_t counts, offsets, num_tiles, error_flag, item_counters, tiles, ids, weights, pos, sorted, sorted_weights,
+      combine_slots, act, ybuf, total;
   workspace_plan(int64_t tokens, const moe_config& c) {
     const size_t pairs = static_cast<size_t>(tokens * c.routing.top_k);
     const size_t e = static_cast<size_t>(c.shape.experts);
@@ -247,6 +248,7 @@ struct workspace_plan {
     pos = take(pairs * 4);
     sorted = take(pairs * 4);
     sorted_weights = take(pairs * 4);
+    combine_slots = take(pairs * sizeof(sm90::combine_slot));
     act = take(pairs * static_cast<size_t>(c.shape.intermediate) * 2);
     ybuf = take(pairs * static_cast<size_t>(c.shape.hidden) * 2);
     total = o;
@@ -260,6 +262,7 @@ struct workspace_plan {
             reinterpret_cast<sm90::tile_desc*>(b + tiles), reinterpret_cast<int32_t*>(b + ids),
             reinterpret_cast<float*>(b + weights),     reinterpret_cast<int32_t*>(b + pos),
             reinterpret_cast<int32_t*>(b + sorted),    reinterpret_cast<float*>(b + sorted_weights),
+            reinterpret_cast<sm90::combine_slot*>(b + combine_slots),
             reinterpret_cast<uint16_t*>(b + act),
             reinterpret_cast<uint16_t*>(b + ybuf)};
   }
