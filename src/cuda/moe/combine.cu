@@ -26,7 +26,7 @@ constexpr int kMaxTopK = 16;  // moe_config's bound
 // with weight 1 (GEMM2 applied the routing weight); by_sorted_position, the pair's sorted position
 // and routing weight from moe_workspace::combine_slots (one 8-byte load: found as offsets[e] +
 // pos[p] here, with the weight, the metadata loads per thread quadrupled and the combine took
-// 11-25 % longer, ncu, 2026-12-06).
+// 11-25 % longer: docs/performance.md, "2026-12-06 (twenty-seventh session)").
 __device__ __forceinline__ int32_t slot_row(int64_t p, ybuf_rows rows, const moe_workspace& ws, float* weight) {
   if (rows == ybuf_rows::by_pair) {
     *weight = 1.0f;

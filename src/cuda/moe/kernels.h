@@ -9,10 +9,12 @@
 //                           Up to kPlanMaxPairs pairs: [route] + plan (one CTA, no memset);
 //                           more: memset, route / import (counts[e], pos[p] by atomics),
 //                           schedule, scatter (routing.cu).
-//   (prefill path: gather -> ybuf as [sorted position, H] = x[sorted[s] / k], GEMM1's B rows)
+//   (prefill path: gather -> ybuf as [sorted position, H] = x[sorted[s] / k], GEMM1's B rows;
+//                           combine_slots[p] = (sorted position, weights[p]))
 //   GEMM1 (+act)        -> act[s, I] bf16 for sorted position s
-//   GEMM2 (*w, +b2)     -> ybuf[p, H] bf16 (routing weight applied)
-//   combine             -> out[t, H] = sum_j ybuf[t*k + j]   (fixed order: deterministic)
+//   GEMM2 (+b2)         -> decode: ybuf[p, H] bf16, routing weight applied (weighted_down);
+//                          prefill: ybuf[s, H] bf16, unweighted (down_sorted)
+//   combine             -> out[t, H] = sum_j w_j ybuf[row_j]   (fixed order: deterministic)
 // Every kernel but the four-step routing is a programmatic dependent launch (pdl.cuh).
 // The order of pairs inside an expert comes from atomics and may differ between calls; the
 // result does not, since every output column of an mma is computed independently of the others.
