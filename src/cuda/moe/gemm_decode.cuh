@@ -19,7 +19,8 @@
 //     could be NaN).
 // kStages stages, kStages - 1 in flight (~4.3 KB of weights per warp): one cp.async group per
 // stage and thread, waited for with cp.async.wait_group, so the copies stay in flight across
-// loop iterations. (Loads into registers do not: ptxas waits for every outstanding load at a
+// loop iterations. Filling the last slot too before the first wait made both GEMMs slower: it
+// delays the first stage (docs/performance.md, thirtieth session). (Loads into registers do not: ptxas waits for every outstanding load at a
 // loop head, which drained a register ring every trip — measured at ~50% of the copy rate.)
 // mma.sync.m16n8k16 per 8-token block in use (the tile's count, rounded up to 8).
 // With k_groups > 1 the partial sums of the K groups are added through shared memory in group

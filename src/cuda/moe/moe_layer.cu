@@ -189,7 +189,8 @@ struct decode_device {
 //   tiles, every CTA is resident at once, and the mean CTAs per SM over the most any SM gets rises
 //   by >= 0.15 (gpt-oss-120b's GEMM1 at T = 1: 180 CTAs on 132 SMs, 0.68, becomes 360, 0.91:
 //   20.8 -> 19.3 us on an H200; splitting where the SMs were already even was slower: Qwen3-30B-A3B
-//   and Kimi-K2 at T = 1, performance.md, 2026-12-05 eighth session);
+//   and Kimi-K2 at T = 1, performance.md, 2026-12-05 eighth session; 8 tiles instead of 16 lost
+//   there and again on an H100, Qwen3-30B-A3B T = 1 +3 %, thirtieth session);
 //   and 2 groups for 8-token tiles of a long K (>= 96 fragment tiles, K >= 6144) once there are
 //   >= 32 tiles, even though the CTAs then exceed two per SM: Kimi-K2's and DeepSeek-V3's GEMM1
 //   (K = 7168) at T = 4-8 took 0.945-0.971 of the layer time on three H100s, T = 1-2 (fewer tiles)
