@@ -12,6 +12,7 @@
 #include "mxmoe/error.h"
 #include "mxmoe/layout.h"
 #include "mxmoe/validate.h"
+#include "decode_split.h"
 #include "kernels.h"
 
 namespace mxmoe::cuda {
@@ -134,93 +135,14 @@ int decode_tokens_per_tile(int64_t tokens, int64_t per_expert, routing_kind rout
 // Upper bound of the tile count: sum_e ceil(c_e / BN) <= pairs / BN + min(E, pairs).
 int64_t max_tiles(int64_t pairs, int64_t experts, int bn) { return pairs / bn + std::min(experts, pairs); }
 
-// B rows per fragment tile of the decode GEMM's ring: the most pairs a tile can hold, rounded up to
-// a power of 2. Routed tokens pick an expert once, so a tile holds at most T pairs; caller-provided
-// ids may repeat an expert within a token, so then at most T * k.
-int decode_ring_rows(int64_t tokens, int top_k, bool precomputed, int bn) {
-  const int64_t bound = std::min<int64_t>(bn, precomputed ? tokens * top_k : tokens);
-  int rows = 1;
-  while (rows < bound) rows *= 2;
-  return rows;
-}
-
-// Decode GEMM CTAs resident per SM, by tile, K split and ring_rows (sm90::decode_ctas_per_sm), of
-// the instantiation for scale bytes in [1, 128]. The other one (two multiplies per register, more
-// registers) may fit one CTA fewer: its split and SM cap are then tuned for one CTA too many per
-// SM, which costs time, not correctness.
-class decode_occupancy {
- public:
-  void measure() {
-    for (int b = 0; b < kWidths; ++b)
-      for (int g = 0; g < 3; ++g)
-        for (int r = 0; r < kRows; ++r) {
-          const int bn = 8 << b, kg = 1 << g, rows = 1 << r;
-          if (rows <= bn && kg * bn <= 32) ctas_[b][g][r] = sm90::decode_ctas_per_sm(bn, kg, rows);
-        }
-  }
-  int ctas_per_sm(int bn, int kg, int rows) const { return ctas_[log2(bn / 8)][log2(kg)][log2(rows)]; }
-
- private:
-  static constexpr int kWidths = 2;  // tokens per tile 8, 16
-  static constexpr int kRows = 5;    // ring_rows 1 .. 16
-  static int log2(int v) { return 31 - __builtin_clz(static_cast<unsigned>(v)); }
-  int ctas_[kWidths][3][kRows] = {};
-};
-
-// How a decode GEMM launch spreads over the SMs: its K split (warps of a CTA splitting K) and the
-// dynamic shared memory it asks for.
-struct decode_split {
-  int k_groups = 1;
-  size_t min_smem_bytes = 0;
-};
-
-// Device facts the split goes by, looked up once per layer.
-struct decode_device {
-  int sms = 0;
-  size_t smem_per_sm = 0, smem_reserved_per_cta = 0;
-  decode_occupancy occupancy;
-};
-
-// The K split: 2, then 4 warp groups
-//   while every K group keeps >= 8 fragment tiles (the two stages in flight) and the CTAs of the
-//   (at most min(E, pairs)) tiles fit two per SM: sweeps at T = 8-128 found more split slower
-//   (performance.md, 2026-12-02);
-//   beyond that, once more only where it evens the SMs out: every K group keeps >= 16 fragment
-//   tiles, every CTA is resident at once, and the mean CTAs per SM over the most any SM gets rises
-//   by >= 0.15 (gpt-oss-120b's GEMM1 at T = 1: 180 CTAs on 132 SMs, 0.68, becomes 360, 0.91:
-//   20.8 -> 19.3 us on an H200; splitting where the SMs were already even was slower: Qwen3-30B-A3B
-//   and Kimi-K2 at T = 1, performance.md, 2026-12-05 eighth session; 8 tiles instead of 16 lost
-//   there and again on an H100, Qwen3-30B-A3B T = 1 +3 %, thirtieth session);
-//   and 2 groups for 8-token tiles of a long K (>= 96 fragment tiles, K >= 6144) once there are
-//   >= 32 tiles, even though the CTAs then exceed two per SM: Kimi-K2's and DeepSeek-V3's GEMM1
-//   (K = 7168) at T = 4-8 took 0.945-0.971 of the layer time on three H100s, T = 1-2 (fewer tiles)
-//   lost up to 4 %, K <= 4096 gained nothing (performance.md, 2026-12-06 fifteenth session).
-// The shared memory: no SM should take more CTAs than its even share, ceil(CTAs / SMs): asking for
-// smem_per_sm / share keeps the block scheduler from stacking CTAs on some SMs while others idle,
-// which a ring of few B rows (three or four CTAs fit per SM) would otherwise allow.
-decode_split pick_decode_split(int bn, int ring_rows, int64_t est_tiles, int64_t rows, int64_t cols,
-                               const decode_device& dev) {
-  constexpr int kCtasPerSmForSplit = 2;
-  constexpr int64_t kLongKMinTiles = 32, kLongKMinColTiles = 96;
-  const layout::sm90_fragment frag{rows, cols};
-  const int64_t sms = dev.sms;
-  auto ctas_of = [&](int kg) { return layout::ceil_div(frag.row_tiles(), sm90::kDecodeWarps / kg) * est_tiles; };
-  auto balance = [&](int64_t ctas) { return static_cast<double>(ctas) / static_cast<double>(sms * layout::ceil_div(ctas, sms)); };
-  decode_split d;
-  while (2 * d.k_groups * bn <= 32) {
-    const int next = 2 * d.k_groups;
-    const int64_t ctas = ctas_of(next);
-    const bool fits = frag.col_tiles() >= 8 * next && ctas <= kCtasPerSmForSplit * sms;
-    const bool evens = frag.col_tiles() >= 16 * next && ctas <= sms * dev.occupancy.ctas_per_sm(bn, next, ring_rows) &&
-                       balance(ctas) >= balance(ctas_of(d.k_groups)) + 0.15;
-    if (!fits && !evens) break;
-    d.k_groups = next;
-  }
-  if (d.k_groups == 1 && bn == 8 && est_tiles >= kLongKMinTiles && frag.col_tiles() >= kLongKMinColTiles) d.k_groups = 2;
-  const int64_t share = layout::ceil_div(ctas_of(d.k_groups), sms);
-  if (share < dev.occupancy.ctas_per_sm(bn, d.k_groups, ring_rows))
-    d.min_smem_bytes = (dev.smem_per_sm / static_cast<size_t>(share) - dev.smem_reserved_per_cta) / 128 * 128;
-  return d;
+// The decode GEMM's CTAs per SM on this GPU, for every tile, K split and ring_rows it launches with.
+void measure_decode_occupancy(decode_occupancy& o) {
+  for (int b = 0; b < decode_occupancy::kWidths; ++b)
+    for (int g = 0; g < decode_occupancy::kGroups; ++g)
+      for (int r = 0; r < decode_occupancy::kRows; ++r) {
+        const int bn = 8 << b, kg = 1 << g, rows = 1 << r;
+        if (rows <= bn && kg * bn <= 32) o.set(bn, kg, rows, sm90::decode_ctas_per_sm(bn, kg, rows));
+      }
 }
 
 struct workspace_plan {
@@ -329,7 +251,7 @@ moe_layer::moe_layer(const moe_weights& w, const moe_config& cfg, const std::vec
     d.smem_per_sm = static_cast<size_t>(v);
     MXMOE_CUDA_CHECK(cudaDeviceGetAttribute(&v, cudaDevAttrReservedSharedMemoryPerBlock, dev));
     d.smem_reserved_per_cta = static_cast<size_t>(v);
-    d.occupancy.measure();
+    measure_decode_occupancy(d.occupancy);
     MXMOE_CUDA_CHECK(cudaDeviceGetAttribute(&v, cudaDevAttrL2CacheSize, dev));
     m.l2_bytes = v;
   }

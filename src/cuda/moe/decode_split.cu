@@ -1,0 +1,61 @@
+// moe/decode_split.cu — the decode GEMM's ring rows and K split (decode_split.h): host code, compiled
+// with the launchers for kernels.h's CTA geometry.
+#include "decode_split.h"
+
+#include <algorithm>
+
+#include "kernels.h"
+#include "mxmoe/layout.h"
+
+namespace mxmoe::cuda {
+
+int decode_ring_rows(int64_t tokens, int top_k, bool precomputed, int bn) {
+  const int64_t bound = std::min<int64_t>(bn, precomputed ? tokens * top_k : tokens);
+  int rows = 1;
+  while (rows < bound) rows *= 2;
+  return rows;
+}
+
+// The K split: 2, then 4 warp groups
+//   while every K group keeps >= 8 fragment tiles (the two stages in flight) and the CTAs of the
+//   (at most min(E, pairs)) tiles fit two per SM: sweeps at T = 8-128 found more split slower
+//   (performance.md, 2026-12-02);
+//   beyond that, once more only where it evens the SMs out: every K group keeps >= 16 fragment
+//   tiles, every CTA is resident at once, and the mean CTAs per SM over the most any SM gets rises
+//   by >= 0.15 (gpt-oss-120b's GEMM1 at T = 1: 180 CTAs on 132 SMs, 0.68, becomes 360, 0.91:
+//   20.8 -> 19.3 us on an H200; splitting where the SMs were already even was slower: Qwen3-30B-A3B
+//   and Kimi-K2 at T = 1, performance.md, 2026-12-05 eighth session; 8 tiles instead of 16 lost
+//   there and again on an H100, Qwen3-30B-A3B T = 1 +3 %, thirtieth session);
+//   and 2 groups for 8-token tiles of a long K (>= 96 fragment tiles, K >= 6144) once there are
+//   >= 32 tiles, even though the CTAs then exceed two per SM: Kimi-K2's and DeepSeek-V3's GEMM1
+//   (K = 7168) at T = 4-8 took 0.945-0.971 of the layer time on three H100s, T = 1-2 (fewer tiles)
+//   lost up to 4 %, K <= 4096 gained nothing (performance.md, 2026-12-06 fifteenth session).
+// The shared memory: no SM should take more CTAs than its even share, ceil(CTAs / SMs): asking for
+// smem_per_sm / share keeps the block scheduler from stacking CTAs on some SMs while others idle,
+// which a ring of few B rows (three or four CTAs fit per SM) would otherwise allow.
+decode_split pick_decode_split(int bn, int ring_rows, int64_t est_tiles, int64_t rows, int64_t cols,
+                               const decode_device& dev) {
+  constexpr int kCtasPerSmForSplit = 2;
+  constexpr int64_t kLongKMinTiles = 32, kLongKMinColTiles = 96;
+  const layout::sm90_fragment frag{rows, cols};
+  const int64_t sms = dev.sms;
+  auto ctas_of = [&](int kg) { return layout::ceil_div(frag.row_tiles(), sm90::kDecodeWarps / kg) * est_tiles; };
+  auto balance = [&](int64_t ctas) { return static_cast<double>(ctas) / static_cast<double>(sms * layout::ceil_div(ctas, sms)); };
+  decode_split d;
+  while (2 * d.k_groups * bn <= 32) {
+    const int next = 2 * d.k_groups;
+    const int64_t ctas = ctas_of(next);
+    const bool fits = frag.col_tiles() >= 8 * next && ctas <= kCtasPerSmForSplit * sms;
+    const bool evens = frag.col_tiles() >= 16 * next && ctas <= sms * dev.occupancy.ctas_per_sm(bn, next, ring_rows) &&
+                       balance(ctas) >= balance(ctas_of(d.k_groups)) + 0.15;
+    if (!fits && !evens) break;
+    d.k_groups = next;
+  }
+  if (d.k_groups == 1 && bn == 8 && est_tiles >= kLongKMinTiles && frag.col_tiles() >= kLongKMinColTiles) d.k_groups = 2;
+  const int64_t share = layout::ceil_div(ctas_of(d.k_groups), sms);
+  if (share < dev.occupancy.ctas_per_sm(bn, d.k_groups, ring_rows))
+    d.min_smem_bytes = (dev.smem_per_sm / static_cast<size_t>(share) - dev.smem_reserved_per_cta) / 128 * 128;
+  return d;
+}
+
+}  // namespace mxmoe::cuda

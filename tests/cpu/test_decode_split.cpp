@@ -1,0 +1,95 @@
+// The decode GEMM's launch choices (src/cuda/moe/decode_split.h): the ring rows and the K split
+// that the comments of decode_split.cu name for the model shapes, on a device described by hand
+// (no GPU needed). The device: 132 SMs, 228 KB of shared memory per SM and 1 KB reserved per CTA
+// (an H100 or H200), three decode CTAs resident per SM at every split (what the registers of the
+// 8-token kernels allow on those GPUs).
+#include <gtest/gtest.h>
+
+#include "cuda/moe/decode_split.h"
+
+namespace {
+
+using mxmoe::cuda::decode_device;
+using mxmoe::cuda::decode_ring_rows;
+using mxmoe::cuda::decode_split;
+using mxmoe::cuda::pick_decode_split;
+
+constexpr size_t kSmemPerSm = 233472, kReserved = 1024;
+
+decode_device hopper() {
+  decode_device d;
+  d.sms = 132;
+  d.smem_per_sm = kSmemPerSm;
+  d.smem_reserved_per_cta = kReserved;
+  for (int bn : {8, 16})
+    for (int kg : {1, 2, 4})
+      for (int rows = 1; rows <= bn; rows *= 2)
+        if (kg * bn <= 32) d.occupancy.set(bn, kg, rows, 3);
+  return d;
+}
+
+// The shared memory that caps an SM at `share` CTAs.
+size_t cap(int share) { return (kSmemPerSm / share - kReserved) / 128 * 128; }
+
+TEST(DecodeRingRows, TheMostPairsATileHoldsRoundedUpToAPowerOfTwo) {
+  EXPECT_EQ(decode_ring_rows(1, 4, false, 8), 1);   // a routed token picks an expert once
+  EXPECT_EQ(decode_ring_rows(3, 4, false, 8), 4);
+  EXPECT_EQ(decode_ring_rows(5, 8, false, 8), 8);
+  EXPECT_EQ(decode_ring_rows(9, 8, false, 8), 8);   // never beyond the tile
+  EXPECT_EQ(decode_ring_rows(12, 8, false, 16), 16);
+  EXPECT_EQ(decode_ring_rows(1, 4, true, 8), 4);    // caller-provided ids may repeat an expert: T * k
+  EXPECT_EQ(decode_ring_rows(3, 4, true, 16), 16);
+}
+
+TEST(DecodeSplit, GptOss120bAtOneToken) {
+  const decode_device dev = hopper();
+  // GEMM1 (5760 x 2880): 180 CTAs would leave 48 SMs with two; 2 groups give 360 (0.68 -> 0.91 of
+  // the busiest SM), all resident, and 22-23 fragment tiles per group.
+  const decode_split g1 = pick_decode_split(8, 1, 4, 5760, 2880, dev);
+  EXPECT_EQ(g1.k_groups, 2);
+  EXPECT_EQ(g1.min_smem_bytes, 0u);  // ceil(360 / 132) = 3 = what fits anyway
+  // GEMM2 (2880 x 2880): 2 groups fit two CTAs per SM (180); a third split would leave 11 fragment
+  // tiles per group (< 16), so it stays at 2, and no SM may take more than ceil(180 / 132) = 2.
+  const decode_split g2 = pick_decode_split(8, 1, 4, 2880, 2880, dev);
+  EXPECT_EQ(g2.k_groups, 2);
+  EXPECT_EQ(g2.min_smem_bytes, cap(2));
+}
+
+TEST(DecodeSplit, Qwen3AtOneToken) {
+  const decode_device dev = hopper();
+  const decode_split g1 = pick_decode_split(8, 1, 8, 1536, 2048, dev);  // 192 CTAs: two per SM at most
+  EXPECT_EQ(g1.k_groups, 2);
+  EXPECT_EQ(g1.min_smem_bytes, cap(2));
+  const decode_split g2 = pick_decode_split(8, 1, 8, 2048, 768, dev);  // K = 768: 12 fragment tiles, no split
+  EXPECT_EQ(g2.k_groups, 1);
+  EXPECT_EQ(g2.min_smem_bytes, cap(1));  // 128 CTAs, one per SM
+}
+
+TEST(DecodeSplit, LongKSplitsOnlyWithManyTiles) {
+  const decode_device dev = hopper();
+  // Kimi-K2's GEMM1 (4096 x 7168: 112 fragment tiles of K): 8 tiles at T = 1 stay whole, 32 tiles
+  // at T = 4 split over 2 groups although the CTAs then exceed what is resident.
+  EXPECT_EQ(pick_decode_split(8, 1, 8, 4096, 7168, dev).k_groups, 1);
+  EXPECT_EQ(pick_decode_split(8, 4, 32, 4096, 7168, dev).k_groups, 2);
+  // ... and only for 8-token tiles, only for K >= 6144.
+  EXPECT_EQ(pick_decode_split(16, 16, 32, 4096, 7168, dev).k_groups, 1);
+  EXPECT_EQ(pick_decode_split(8, 4, 32, 4096, 4096, dev).k_groups, 1);
+}
+
+TEST(DecodeSplit, SixteenTokenTilesSplitInTwoAtMost) {
+  const decode_device dev = hopper();
+  // A long K and a single tile: 8-token tiles split over 4 groups, 16-token tiles over 2 (k_groups
+  // * BN <= 32).
+  EXPECT_EQ(pick_decode_split(8, 8, 1, 64, 2080, dev).k_groups, 4);
+  EXPECT_EQ(pick_decode_split(16, 16, 1, 64, 2080, dev).k_groups, 2);
+}
+
+TEST(DecodeSplit, NoCapWhereTheCtasOutnumberWhatFits) {
+  const decode_device dev = hopper();
+  // Kimi-K2's GEMM2 at T = 8 (7168 x 2048, 64 tiles): 3584 CTAs, more than 3 per SM.
+  const decode_split g2 = pick_decode_split(8, 8, 64, 7168, 2048, dev);
+  EXPECT_EQ(g2.k_groups, 1);
+  EXPECT_EQ(g2.min_smem_bytes, 0u);
+}
+
+}  // namespace
