@@ -59,7 +59,7 @@ TEST_P(GpuMoe, MatchesReferenceAtEveryTileResidue) {
 // the most it schedules) and T = 8193 the four-step path. decode_split_long_k (K = 6144: 96
 // fragment tiles) splits GEMM1 over 2 groups in 8-token tiles by the long-K rule at T = 4 and 8
 // (32 and 64 pairs on 32 experts: >= 32 tiles), not at T = 2 (16 tiles); T = 9 takes 16-token tiles.
-// On a GPU of 132 SMs (H100, H200) the narrow decode CTA (4 warps, moe_layer.cu, pick_decode_split)
+// On a GPU of 132 SMs (H100, H200) the narrow decode CTA (4 warps, decode_split.cu, pick_decode_split)
 // runs gpt_oss_120b_e8's GEMM2 and qwen3_30b_a3b_e16's GEMM1 at T = 1 over 2 K groups, and over one
 // group decode_split_k_gemm1's GEMM2 at T <= 8 (130 row tiles: the last CTA has two idle warps),
 // and decode_split_k_gemm2's GEMM1 at T = 1.
