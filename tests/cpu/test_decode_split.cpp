@@ -1,8 +1,8 @@
 // The decode GEMM's launch choices (src/cuda/moe/decode_split.h): the ring rows and the K split
 // that the comments of decode_split.cu name for the model shapes, on a device described by hand
 // (no GPU needed). The device: 132 SMs, 228 KB of shared memory per SM and 1 KB reserved per CTA
-// (an H100 or H200), three decode CTAs resident per SM at every split (what the registers of the
-// 8-token kernels allow on those GPUs).
+// (an H100 or H200), three decode CTAs of 8 warps resident per SM at every split and seven narrow
+// ones of 4 (what the registers of the 8-token kernels allow on those GPUs).
 #include <gtest/gtest.h>
 
 #include "cuda/moe/decode_split.h"
@@ -15,6 +15,7 @@ using mxmoe::cuda::decode_split;
 using mxmoe::cuda::pick_decode_split;
 
 constexpr size_t kSmemPerSm = 233472, kReserved = 1024;
+constexpr int kWide = mxmoe::cuda::sm90::kDecodeWarps, kNarrow = mxmoe::cuda::sm90::kDecodeWarpsNarrow;
 
 decode_device hopper() {
   decode_device d;
@@ -24,7 +25,10 @@ decode_device hopper() {
   for (int bn : {8, 16})
     for (int kg : {1, 2, 4})
       for (int rows = 1; rows <= bn; rows *= 2)
-        if (kg * bn <= 32) d.occupancy.set(bn, kg, rows, 3);
+        if (kg * bn <= 32) {
+          d.occupancy.set(bn, kg, rows, mxmoe::cuda::sm90::kDecodeWarps, 3);
+          if (bn == 8 && kg <= 2) d.occupancy.set(bn, kg, rows, mxmoe::cuda::sm90::kDecodeWarpsNarrow, 7);
+        }
   return d;
 }
 
@@ -48,21 +52,42 @@ TEST(DecodeSplit, GptOss120bAtOneToken) {
   const decode_split g1 = pick_decode_split(8, 1, 4, 5760, 2880, dev);
   EXPECT_EQ(g1.k_groups, 2);
   EXPECT_EQ(g1.min_smem_bytes, 0u);  // ceil(360 / 132) = 3 = what fits anyway
+  EXPECT_EQ(g1.warps, kWide);        // 720 narrow CTAs would be no more even
   // GEMM2 (2880 x 2880): 2 groups fit two CTAs per SM (180); a third split would leave 11 fragment
-  // tiles per group (< 16), so it stays at 2, and no SM may take more than ceil(180 / 132) = 2.
+  // tiles per group (< 16), so it stays at 2, in narrow CTAs: 360, no SM taking more than 3.
   const decode_split g2 = pick_decode_split(8, 1, 4, 2880, 2880, dev);
   EXPECT_EQ(g2.k_groups, 2);
-  EXPECT_EQ(g2.min_smem_bytes, cap(2));
+  EXPECT_EQ(g2.warps, kNarrow);
+  EXPECT_EQ(g2.min_smem_bytes, cap(3));
 }
 
 TEST(DecodeSplit, Qwen3AtOneToken) {
   const decode_device dev = hopper();
-  const decode_split g1 = pick_decode_split(8, 1, 8, 1536, 2048, dev);  // 192 CTAs: two per SM at most
+  // GEMM1: 2 groups fit two 8-warp CTAs per SM (192, 0.73 of the busiest SM). 384 narrow ones
+  // would be 0.97, but each warp's K range is 16 fragment tiles (< 20): measured slower.
+  const decode_split g1 = pick_decode_split(8, 1, 8, 1536, 2048, dev);
   EXPECT_EQ(g1.k_groups, 2);
+  EXPECT_EQ(g1.warps, kWide);
   EXPECT_EQ(g1.min_smem_bytes, cap(2));
   const decode_split g2 = pick_decode_split(8, 1, 8, 2048, 768, dev);  // K = 768: 12 fragment tiles, no split
   EXPECT_EQ(g2.k_groups, 1);
-  EXPECT_EQ(g2.min_smem_bytes, cap(1));  // 128 CTAs, one per SM
+  EXPECT_EQ(g2.warps, kWide);            // 128 CTAs, one per SM: as even as 256
+  EXPECT_EQ(g2.min_smem_bytes, cap(1));
+}
+
+TEST(DecodeSplit, NarrowCtaOnlyForAClearGain) {
+  const decode_device dev = hopper();
+  // Kimi-K2's GEMM2 at T = 1 (7168 x 2048, 8 tiles): 448 CTAs, 0.85; 896 narrow ones would be 0.97,
+  // less than the 0.15 the rule asks (and its 16 tiles per warp are too short: at 0.10 it lost).
+  EXPECT_EQ(pick_decode_split(8, 1, 8, 7168, 2048, dev).warps, kWide);
+  // gpt-oss-20b's GEMM2 is gpt-oss-120b's (2880 x 2880, 4 tiles): narrow.
+  EXPECT_EQ(pick_decode_split(8, 1, 4, 2880, 2880, dev).warps, kNarrow);
+  // 16-token tiles have no narrow CTA.
+  EXPECT_EQ(pick_decode_split(16, 16, 4, 2880, 2880, dev).warps, kWide);
+  // Nor a split over 4 groups (a narrow CTA keeps 2 row tiles).
+  const decode_split four = pick_decode_split(8, 8, 1, 64, 2080, dev);
+  EXPECT_EQ(four.k_groups, 4);
+  EXPECT_EQ(four.warps, kWide);
 }
 
 TEST(DecodeSplit, LongKSplitsOnlyWithManyTiles) {

@@ -59,6 +59,10 @@ TEST_P(GpuMoe, MatchesReferenceAtEveryTileResidue) {
 // the most it schedules) and T = 8193 the four-step path. decode_split_long_k (K = 6144: 96
 // fragment tiles) splits GEMM1 over 2 groups in 8-token tiles by the long-K rule at T = 4 and 8
 // (32 and 64 pairs on 32 experts: >= 32 tiles), not at T = 2 (16 tiles); T = 9 takes 16-token tiles.
+// On a GPU of 132 SMs (H100, H200) the narrow decode CTA (4 warps, decode_split.cu, pick_decode_split)
+// runs gpt_oss_120b_e8's GEMM2 at T = 1 over 2 K groups; decode_narrow_one_group's GEMM2 at T = 1
+// over one group (282 row tiles: the last CTA has two idle warps; K = 1312, 32 mod 64) and its
+// GEMM1 at T = 2 and 3 over 2 groups (K = 4512: 71 fragment tiles, unevenly split).
 INSTANTIATE_TEST_SUITE_P(
     Shapes, GpuMoe,
     testing::Values(
@@ -87,7 +91,9 @@ INSTANTIATE_TEST_SUITE_P(
         shape_case{"decode_split_k_16_tokens", 4, 2080, 2080, 2, routing_kind::softmax_topk,
                    activation_kind::silu_mul, layout::gate_up_order::interleaved, true, {9, 12, 17, 20, 26, 28}},
         shape_case{"decode_split_long_k", 32, 6144, 512, 8, routing_kind::softmax_topk, activation_kind::silu_mul,
-                   layout::gate_up_order::concatenated, false, {2, 4, 8, 9}}),
+                   layout::gate_up_order::concatenated, false, {2, 4, 8, 9}},
+        shape_case{"decode_narrow_one_group", 8, 4512, 1312, 4, routing_kind::topk_softmax,
+                   activation_kind::swiglu_clamped, layout::gate_up_order::interleaved, true, {1, 2, 3}}),
     [](const testing::TestParamInfo<shape_case>& i) { return std::string(i.param.name); });
 
 // Scale bytes 0 and above 128 take the two-multiply dequantization (2^(s-1) is no normal bf16

@@ -30,6 +30,15 @@ int decode_ring_rows(int64_t tokens, int top_k, bool precomputed, int bn) {
 //   >= 32 tiles, even though the CTAs then exceed two per SM: Kimi-K2's and DeepSeek-V3's GEMM1
 //   (K = 7168) at T = 4-8 took 0.945-0.971 of the layer time on three H100s, T = 1-2 (fewer tiles)
 //   lost up to 4 %, K <= 4096 gained nothing (performance.md, 2026-12-06 fifteenth session).
+// Then the narrow CTA (4 warps, 8-token tiles, k_groups <= 2) where the same split in CTAs of
+// half the rows evens the SMs out by the same margin with every CTA resident, and each warp's K
+// range is long (>= 20 fragment tiles): more CTAs without shortening any warp's K range, which a
+// third split did. gpt-oss-120b's and gpt-oss-20b's GEMM2 at T = 1 (22-23 tiles per warp: 180
+// CTAs, 0.68 of the busiest SM, become 360, 0.91) took 0.983-0.987 of the layer time on an H100.
+// With 16 tiles per warp it lost: Qwen3-30B-A3B's GEMM1 at T = 1 (192 -> 384 CTAs) 1.015 of the
+// layer, Kimi-K2's GEMM2 (448 -> 896 at a 0.10 gain) 1.028. A narrow CTA pays the same start (tile,
+// rows, first stages) for half the rows, so it pays off only over a long K range
+// (performance.md, thirty-second session).
 // The shared memory: no SM should take more CTAs than its even share, ceil(CTAs / SMs): asking for
 // smem_per_sm / share keeps the block scheduler from stacking CTAs on some SMs while others idle,
 // which a ring of few B rows (three or four CTAs fit per SM) would otherwise allow.
@@ -37,23 +46,33 @@ decode_split pick_decode_split(int bn, int ring_rows, int64_t est_tiles, int64_t
                                const decode_device& dev) {
   constexpr int kCtasPerSmForSplit = 2;
   constexpr int64_t kLongKMinTiles = 32, kLongKMinColTiles = 96;
+  constexpr double kBalanceGain = 0.15;
+  constexpr int64_t kNarrowMinWarpTiles = 20;
   const layout::sm90_fragment frag{rows, cols};
   const int64_t sms = dev.sms;
-  auto ctas_of = [&](int kg) { return layout::ceil_div(frag.row_tiles(), sm90::kDecodeWarps / kg) * est_tiles; };
+  auto ctas_with = [&](int kg, int warps) { return layout::ceil_div(frag.row_tiles(), warps / kg) * est_tiles; };
+  auto ctas_of = [&](int kg) { return ctas_with(kg, sm90::kDecodeWarps); };
   auto balance = [&](int64_t ctas) { return static_cast<double>(ctas) / static_cast<double>(sms * layout::ceil_div(ctas, sms)); };
   decode_split d;
   while (2 * d.k_groups * bn <= 32) {
     const int next = 2 * d.k_groups;
     const int64_t ctas = ctas_of(next);
     const bool fits = frag.col_tiles() >= 8 * next && ctas <= kCtasPerSmForSplit * sms;
-    const bool evens = frag.col_tiles() >= 16 * next && ctas <= sms * dev.occupancy.ctas_per_sm(bn, next, ring_rows) &&
-                       balance(ctas) >= balance(ctas_of(d.k_groups)) + 0.15;
+    const bool evens = frag.col_tiles() >= 16 * next &&
+                       ctas <= sms * dev.occupancy.ctas_per_sm(bn, next, ring_rows, sm90::kDecodeWarps) &&
+                       balance(ctas) >= balance(ctas_of(d.k_groups)) + kBalanceGain;
     if (!fits && !evens) break;
     d.k_groups = next;
   }
   if (d.k_groups == 1 && bn == 8 && est_tiles >= kLongKMinTiles && frag.col_tiles() >= kLongKMinColTiles) d.k_groups = 2;
-  const int64_t share = layout::ceil_div(ctas_of(d.k_groups), sms);
-  if (share < dev.occupancy.ctas_per_sm(bn, d.k_groups, ring_rows))
+  if (bn == 8 && d.k_groups <= 2 && frag.col_tiles() / d.k_groups >= kNarrowMinWarpTiles) {
+    const int64_t narrow = ctas_with(d.k_groups, sm90::kDecodeWarpsNarrow);
+    if (narrow <= sms * dev.occupancy.ctas_per_sm(bn, d.k_groups, ring_rows, sm90::kDecodeWarpsNarrow) &&
+        balance(narrow) >= balance(ctas_of(d.k_groups)) + kBalanceGain)
+      d.warps = sm90::kDecodeWarpsNarrow;
+  }
+  const int64_t share = layout::ceil_div(ctas_with(d.k_groups, d.warps), sms);
+  if (share < dev.occupancy.ctas_per_sm(bn, d.k_groups, ring_rows, d.warps))
     d.min_smem_bytes = (dev.smem_per_sm / static_cast<size_t>(share) - dev.smem_reserved_per_cta) / 128 * 128;
   return d;
 }

@@ -1,5 +1,6 @@
-// moe/gemm_decode.cu — the decode GEMM (gemm_decode.cuh) for 8 and 16 tokens per tile (the host's
-// choice: moe_layer.cu, decode_tokens_per_tile).
+// moe/gemm_decode.cu — the decode GEMM (gemm_decode.cuh) for 8 and 16 tokens per tile, and the
+// narrow CTA of 8-token tiles (the host's choices: moe_layer.cu, decode_tokens_per_tile and
+// pick_decode_split).
 #include <algorithm>
 #include <string>
 
@@ -27,7 +28,9 @@ template <class S>
 void launch_decode(const gemm_launch& l, const gemm_weights& w, const uint16_t* b_rows, const moe_workspace& ws,
                    int top_k, epilogue_kind ep, const activation_config& act, cudaStream_t stream) {
   MXMOE_CHECK_ARG(l.k_groups >= 1 && l.k_groups <= S::kMaxGroups && (l.k_groups & (l.k_groups - 1)) == 0,
-                  "gemm_launch.k_groups", "1, 2 or 4 and at most " + std::to_string(S::kMaxGroups),
+                  "gemm_launch.k_groups",
+                  "1, 2 or 4 and at most " + std::to_string(S::kMaxGroups) + " with " + std::to_string(S::kWarps) +
+                      " warps of " + std::to_string(S::BN) + " tokens",
                   std::to_string(l.k_groups));
   MXMOE_CHECK_ARG(l.max_tiles >= 1 && l.max_tiles <= 65535, "gemm_launch.max_tiles", "in [1, 65535]",
                   std::to_string(l.max_tiles));
@@ -72,8 +75,17 @@ cudaError_t allow_smem(int optin) {
 
 void launch_gemm_decode(const gemm_launch& l, const gemm_weights& w, const uint16_t* b_rows, const moe_workspace& ws,
                         int top_k, epilogue_kind ep, const activation_config& act, cudaStream_t stream) {
+  MXMOE_CHECK_ARG(l.warps == kDecodeWarps || (l.warps == kDecodeWarpsNarrow && l.tokens_per_tile == decode_8::BN),
+                  "gemm_launch.warps",
+                  std::to_string(kDecodeWarps) + ", or " + std::to_string(kDecodeWarpsNarrow) + " with 8 tokens per tile",
+                  std::to_string(l.warps) + " with " + std::to_string(l.tokens_per_tile));
   switch (l.tokens_per_tile) {
-    case decode_8::BN: launch_decode<decode_8>(l, w, b_rows, ws, top_k, ep, act, stream); break;
+    case decode_8::BN:
+      if (l.warps == kDecodeWarpsNarrow)
+        launch_decode<decode_8_narrow>(l, w, b_rows, ws, top_k, ep, act, stream);
+      else
+        launch_decode<decode_8>(l, w, b_rows, ws, top_k, ep, act, stream);
+      break;
     case decode_16::BN: launch_decode<decode_16>(l, w, b_rows, ws, top_k, ep, act, stream); break;
     default:
       MXMOE_CHECK_ARG(false, "gemm_launch.tokens_per_tile", "8 or 16 for the decode GEMM",
@@ -87,12 +99,13 @@ cudaError_t allow_gemm_smem_decode() {
   if (e == cudaSuccess) e = cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device);
   if (e == cudaSuccess) e = allow_smem<decode_8>(optin);
   if (e == cudaSuccess) e = allow_smem<decode_16>(optin);
+  if (e == cudaSuccess) e = allow_smem<decode_8_narrow>(optin);
   return e;
 }
 
 int decode_tokens_per_tile_max() { return decode_16::BN; }
 
-int decode_ctas_per_sm(int tokens_per_tile, int k_groups, int ring_rows) {
+int decode_ctas_per_sm(int tokens_per_tile, int k_groups, int ring_rows, int warps) {
   MXMOE_CHECK_ARG(ring_rows >= 1 && ring_rows <= tokens_per_tile, "ring_rows", "in [1, tokens_per_tile]", std::to_string(ring_rows));
   auto ctas = [&](auto shape, auto kernel, int kg) {
     using S = decltype(shape);
@@ -101,17 +114,23 @@ int decode_ctas_per_sm(int tokens_per_tile, int k_groups, int ring_rows) {
     return n;
   };
   const bool ok = k_groups == 1 || k_groups == 2 || k_groups == 4;
-  if (ok && tokens_per_tile == decode_8::BN) {
+  if (ok && warps == kDecodeWarps && tokens_per_tile == decode_8::BN) {
     if (k_groups == 1) return ctas(decode_8{}, moe_gemm_decode_kernel<decode_8, 1, true>, 1);
     if (k_groups == 2) return ctas(decode_8{}, moe_gemm_decode_kernel<decode_8, 2, true>, 2);
     return ctas(decode_8{}, moe_gemm_decode_kernel<decode_8, 4, true>, 4);
   }
-  if (ok && k_groups <= 2 && tokens_per_tile == decode_16::BN) {
+  if (ok && k_groups <= 2 && warps == kDecodeWarps && tokens_per_tile == decode_16::BN) {
     if (k_groups == 1) return ctas(decode_16{}, moe_gemm_decode_kernel<decode_16, 1, true>, 1);
     return ctas(decode_16{}, moe_gemm_decode_kernel<decode_16, 2, true>, 2);
   }
-  MXMOE_CHECK_ARG(false, "tokens_per_tile, k_groups", "a decode GEMM instantiation (8: 1, 2, 4; 16: 1, 2)",
-                  std::to_string(tokens_per_tile) + ", " + std::to_string(k_groups));
+  if (ok && k_groups <= 2 && warps == kDecodeWarpsNarrow && tokens_per_tile == decode_8_narrow::BN) {
+    if (k_groups == 1) return ctas(decode_8_narrow{}, moe_gemm_decode_kernel<decode_8_narrow, 1, true>, 1);
+    return ctas(decode_8_narrow{}, moe_gemm_decode_kernel<decode_8_narrow, 2, true>, 2);
+  }
+  MXMOE_CHECK_ARG(false, "tokens_per_tile, k_groups, warps",
+                  "a decode GEMM instantiation (8 warps: 8 tokens with 1, 2, 4 groups, 16 with 1, 2; 4 warps: 8 "
+                  "tokens with 1, 2)",
+                  std::to_string(tokens_per_tile) + ", " + std::to_string(k_groups) + ", " + std::to_string(warps));
   return 0;
 }
 

@@ -2,9 +2,10 @@
 // expert, so the time is the time to stream the touched experts' MXFP4 weights.
 //
 // C[rows, tokens] = W_e[rows, K] · B[tokens, K]ᵀ for each scheduled tile (expert e, up to BN =
-// 8 * NT sorted token-expert pairs). A CTA has 8 warps; each warp owns one 16-row fragment tile
-// (layout::sm90_fragment) and one of k_groups contiguous K ranges (warps_m = 8 / k_groups row
-// tiles per CTA; k_groups > 1 only when there are too few tiles to fill the GPU, e.g. T = 1).
+// 8 * NT sorted token-expert pairs). A CTA has 8 warps (4 in the narrow CTA of 8-token tiles);
+// each warp owns one 16-row fragment tile (layout::sm90_fragment) and one of k_groups contiguous
+// K ranges (warps_m = warps / k_groups row tiles per CTA; k_groups > 1 only when there are too
+// few tiles to fill the GPU, e.g. T = 1).
 //
 // A pipeline stage is kSteps fragment tiles (64 k each) of every warp's K range:
 //   weights (A): each warp's kSteps fragment tiles (a row tile's fragment tiles are contiguous
@@ -53,18 +54,19 @@
 
 namespace mxmoe::cuda::sm90 {
 
-template <int NT_>
+template <int NT_, int WARPS_ = kDecodeWarps>
 struct decode_shape {
   static constexpr int NT = NT_;                   // 8-token blocks per tile
   static constexpr int BN = 8 * NT;                // tokens per tile
-  static constexpr int kWarps = kDecodeWarps, kThreads = kWarps * 32;
+  static constexpr int kWarps = WARPS_, kThreads = kWarps * 32;
   static constexpr int kSteps = 4;                 // fragment tiles per stage and warp
   static constexpr int kStages = 3;                // stages, kStages - 1 in flight
-  static constexpr int kMaxGroups = 4 / NT;        // so that k_groups * BN <= 32
+  // k_groups * BN <= 32, and the narrow CTA keeps two row tiles at least.
+  static constexpr int kMaxGroups = 4 / NT < kWarps / 2 ? 4 / NT : kWarps / 2;
   // CTAs per SM the registers are bounded for. The 16-token CTA fits 3 per SM (77 registers,
   // 3 x 75 KB of shared memory) only when its tile rows live in the ring (kRowsInRing); the
-  // 8-token one fits 3 with 79 registers under the bound for 2.
-  static constexpr int kMinBlocks = NT == 2 ? 3 : 2;
+  // 8-token one fits 3 with 79 registers under the bound for 2, the narrow one 6 under 6.
+  static constexpr int kMinBlocks = kWarps == kDecodeWarpsNarrow ? 6 : NT == 2 ? 3 : 2;
   // The tile's row array (BN ints) in the B part of the last ring slot, which no copy writes
   // before the main loop's first barrier, instead of after the ring: what a third 16-token CTA
   // per SM needs. (GEMM2's epilogue keeps its pairs in registers.)
@@ -95,6 +97,7 @@ struct decode_shape {
 
 using decode_8 = decode_shape<1>;
 using decode_16 = decode_shape<2>;
+using decode_8_narrow = decode_shape<1, kDecodeWarpsNarrow>;
 
 // KG: K groups (k_groups); kScalesInRange: gemm_weights::scales_in_range (the dequantization's
 // per-fragment test of the scale bytes left out).

@@ -27,6 +27,7 @@
 #include <cute/arch/copy_sm90_desc.hpp>
 
 #include "mxmoe/moe.h"
+#include "decode_split.h"  // the decode CTA's warps
 
 namespace mxmoe::cuda::sm90 {
 
@@ -110,6 +111,8 @@ struct gemm_launch {
   int tokens_per_tile = 64;    // BN the schedule used (decode: 8 or 16)
   int64_t max_tiles = 0;       // grid bound on the scheduled tiles
   int k_groups = 1;            // decode: warps of a CTA splitting K (1, 2 or 4, <= 32 / BN)
+  int warps = kDecodeWarps;    // decode: warps per CTA (kDecodeWarps, or kDecodeWarpsNarrow for
+                               // 8-token tiles with k_groups <= 2)
   int ring_rows = 0;           // decode: B rows per fragment tile in shared memory: a power of 2
                                // <= BN at least as large as any tile's pair count
   size_t min_smem_bytes = 0;   // decode: dynamic shared memory to ask for at least (more than the kernel
@@ -129,11 +132,9 @@ void prepare_gemm_kernels();
 void prepare_prefill_kernels();
 void launch_gemm(const gemm_launch& l, const gemm_weights& w, const uint16_t* b_rows, const moe_workspace& ws,
                  int top_k, epilogue_kind ep, const activation_config& act, cudaStream_t stream);
-// Decode GEMM CTAs resident per SM with that tile, K split and ring_rows (for the host's choice of
-// k_groups).
-int decode_ctas_per_sm(int tokens_per_tile, int k_groups, int ring_rows);
-// Warps per decode CTA; a CTA covers 16 * kDecodeWarps / k_groups weight rows.
-inline constexpr int kDecodeWarps = 8;
+// Decode GEMM CTAs resident per SM with that tile, K split, ring_rows and warps per CTA (for the
+// host's choice of k_groups and warps).
+int decode_ctas_per_sm(int tokens_per_tile, int k_groups, int ring_rows, int warps);
 
 // rows[s, :] = x[sorted[s] / top_k, :] for the valid sorted positions (gather_rows.cu, token by
 // token: s = offsets[ids[p]] + pos[p]): GEMM1's B rows for the prefill GEMMs. A programmatic

@@ -141,7 +141,10 @@ void measure_decode_occupancy(decode_occupancy& o) {
     for (int g = 0; g < decode_occupancy::kGroups; ++g)
       for (int r = 0; r < decode_occupancy::kRows; ++r) {
         const int bn = 8 << b, kg = 1 << g, rows = 1 << r;
-        if (rows <= bn && kg * bn <= 32) o.set(bn, kg, rows, sm90::decode_ctas_per_sm(bn, kg, rows));
+        if (rows > bn) continue;
+        if (kg * bn <= 32) o.set(bn, kg, rows, sm90::kDecodeWarps, sm90::decode_ctas_per_sm(bn, kg, rows, sm90::kDecodeWarps));
+        if (bn == 8 && kg <= 2)
+          o.set(bn, kg, rows, sm90::kDecodeWarpsNarrow, sm90::decode_ctas_per_sm(bn, kg, rows, sm90::kDecodeWarpsNarrow));
       }
 }
 
@@ -455,8 +458,10 @@ void moe_layer::forward(const tensor_view& x, const routing_input& routing, cons
     const decode_split s1 = pick_decode_split(bn, g1.ring_rows, est_tiles, 2 * I, H, m.decode_dev);
     const decode_split s2 = pick_decode_split(bn, g2.ring_rows, est_tiles, H, I, m.decode_dev);
     g1.k_groups = s1.k_groups;
+    g1.warps = s1.warps;
     g1.min_smem_bytes = s1.min_smem_bytes;
     g2.k_groups = s2.k_groups;
+    g2.warps = s2.warps;
     g2.min_smem_bytes = s2.min_smem_bytes;
     g2.early_weights = true;  // its tile list was written by the plan, before GEMM1
   }
