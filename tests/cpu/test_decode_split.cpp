@@ -90,6 +90,30 @@ TEST(DecodeSplit, NarrowCtaOnlyForAClearGain) {
   EXPECT_EQ(four.warps, kWide);
 }
 
+TEST(DecodeSplit, NarrowCtaInWavesOverShortKRanges) {
+  const decode_device dev = hopper();
+  // gpt-oss-120b at T = 8 (32 tiles at most): 1440 and 736 8-warp CTAs, more than the 396 that fit;
+  // 45 fragment tiles per warp: narrow, no cap.
+  const decode_split g1 = pick_decode_split(8, 8, 32, 5760, 2880, dev);
+  EXPECT_EQ(g1.k_groups, 1);
+  EXPECT_EQ(g1.warps, kNarrow);
+  EXPECT_EQ(g1.min_smem_bytes, 0u);
+  EXPECT_EQ(pick_decode_split(8, 8, 32, 2880, 2880, dev).warps, kNarrow);
+  // Qwen3-30B-A3B at T = 4 (32 tiles): GEMM2's 512 CTAs (K = 768) take two waves: narrow; GEMM1's
+  // 384 fit at once, as even as 768 narrow ones: wide.
+  EXPECT_EQ(pick_decode_split(8, 4, 32, 2048, 768, dev).warps, kNarrow);
+  EXPECT_EQ(pick_decode_split(8, 4, 32, 1536, 2048, dev).warps, kWide);
+  // Kimi-K2: GEMM1 at T = 2 (16 tiles, 512 CTAs) keeps 112 fragment tiles per warp, and at T = 4
+  // the long-K split leaves 56: wide. GEMM2 at T = 1 (448 CTAs) has 8 tiles, fewer than 24: wide.
+  EXPECT_EQ(pick_decode_split(8, 2, 16, 4096, 7168, dev).warps, kWide);
+  const decode_split k4 = pick_decode_split(8, 4, 32, 4096, 7168, dev);
+  EXPECT_EQ(k4.k_groups, 2);
+  EXPECT_EQ(k4.warps, kWide);
+  EXPECT_EQ(pick_decode_split(8, 1, 8, 7168, 2048, dev).warps, kWide);
+  // 16-token tiles stay wide in waves too.
+  EXPECT_EQ(pick_decode_split(16, 16, 64, 5760, 2880, dev).warps, kWide);
+}
+
 TEST(DecodeSplit, LongKSplitsOnlyWithManyTiles) {
   const decode_device dev = hopper();
   // Kimi-K2's GEMM1 (4096 x 7168: 112 fragment tiles of K): 8 tiles at T = 1 stay whole, 32 tiles
