@@ -39,19 +39,21 @@ int decode_ring_rows(int64_t tokens, int top_k, bool precomputed, int bn) {
 // layer, Kimi-K2's GEMM2 (448 -> 896 at a 0.10 gain) 1.028. A narrow CTA pays the same start (tile,
 // rows, first stages) for half the rows, so it pays off only over a long K range
 // (performance.md, thirty-second session).
-// And the narrow CTA wherever the 8-warp CTAs do not all fit at once (several waves), there are
-// >= 24 tiles and each warp's K range is at most 48 fragment tiles: smaller CTAs fill the SMs in
-// finer steps and a stage's barrier waits for 4 warps, not 8. Forced on every 8-token launch
-// (H100, thirty-second session), it took 0.958-0.996 of the layer time in gpt-oss-120b's,
-// gpt-oss-20b's and Qwen3-30B-A3B's GEMM1 at T = 8-64 (K = 2880, 2048) and 0.964-0.986 in their
-// GEMM2 at T = 4-8. Where it lost, the launch had a longer K range or fewer tiles: Kimi-K2's GEMM1
-// at T = 2 1.161 (112 fragment tiles per warp, 16 tiles), DeepSeek-V4-Flash-like's at T = 4 1.007
-// (64 per warp), Kimi-K2's GEMM2 at T = 1-2 1.017-1.028 (8 and 16 tiles).
+// And GEMM1's narrow CTA wherever its 8-warp CTAs do not all fit at once (several waves), there
+// are >= 24 tiles and each warp's K range is at most 48 fragment tiles: smaller CTAs fill the SMs
+// in finer steps and a stage's barrier waits for 4 warps, not 8. Forced on every 8-token GEMM1
+// launch (H100, thirty-second session), it took 0.958-0.996 of the layer time in gpt-oss-120b's,
+// gpt-oss-20b's and Qwen3-30B-A3B's at T = 8-64 (K = 2880, 2048); it lost with a longer K range or
+// fewer tiles: Kimi-K2 at T = 2 1.161 (112 fragment tiles per warp, 16 tiles),
+// DeepSeek-V4-Flash-like at T = 4 1.007 (64 per warp). GEMM2 in waves stays wide: forced narrow
+// it ranged from 0.964 to 1.013 (gpt-oss-20b T = 32), and with GEMM1's narrow CTAs as well
+// gpt-oss-20b T = 16-32 took 1.010-1.012: its CTAs start before GEMM1 ends, so their shape
+// changes what they overlap rather than how they stream.
 // The shared memory: no SM should take more CTAs than its even share, ceil(CTAs / SMs): asking for
 // smem_per_sm / share keeps the block scheduler from stacking CTAs on some SMs while others idle,
 // which a ring of few B rows (three or four CTAs fit per SM) would otherwise allow.
-decode_split pick_decode_split(int bn, int ring_rows, int64_t est_tiles, int64_t rows, int64_t cols,
-                               const decode_device& dev) {
+decode_split pick_decode_split(decode_gemm gemm, int bn, int ring_rows, int64_t est_tiles, int64_t rows,
+                               int64_t cols, const decode_device& dev) {
   constexpr int kCtasPerSmForSplit = 2;
   constexpr int64_t kLongKMinTiles = 32, kLongKMinColTiles = 96;
   constexpr double kBalanceGain = 0.15;
@@ -80,7 +82,8 @@ decode_split pick_decode_split(int bn, int ring_rows, int64_t est_tiles, int64_t
     const bool evens = warp_tiles >= kNarrowMinWarpTiles &&
                        narrow <= sms * dev.occupancy.ctas_per_sm(bn, d.k_groups, ring_rows, sm90::kDecodeWarpsNarrow) &&
                        balance(narrow) >= balance(wide) + kBalanceGain;
-    const bool waves = in_waves && est_tiles >= kNarrowMinTilesInWaves && warp_tiles <= kNarrowMaxWarpTilesInWaves;
+    const bool waves = gemm == decode_gemm::gate_up && in_waves && est_tiles >= kNarrowMinTilesInWaves &&
+                       warp_tiles <= kNarrowMaxWarpTilesInWaves;
     if (evens || waves) d.warps = sm90::kDecodeWarpsNarrow;
   }
   const int64_t share = layout::ceil_div(ctas_with(d.k_groups, d.warps), sms);
