@@ -62,7 +62,10 @@ TEST_P(GpuMoe, MatchesReferenceAtEveryTileResidue) {
 // On a GPU of 132 SMs (H100, H200) the narrow decode CTA (4 warps, decode_split.cu, pick_decode_split)
 // runs gpt_oss_120b_e8's GEMM2 at T = 1 over 2 K groups; decode_narrow_one_group's GEMM2 at T = 1
 // over one group (282 row tiles: the last CTA has two idle warps; K = 1312, 32 mod 64) and its
-// GEMM1 at T = 2 and 3 over 2 groups (K = 4512: 71 fragment tiles, unevenly split).
+// GEMM1 at T = 2 and 3 over 2 groups (K = 4512: 71 fragment tiles, unevenly split). GEMM1 in waves (more 8-warp
+// CTAs than fit, >= 24 tiles): max_experts_max_topk's at T = 40 (one fragment tile of K; four row
+// tiles: no warp of a narrow CTA idle) and decode_split_long_k's at T = 4 and 8, over 2 groups of
+// 48 fragment tiles.
 INSTANTIATE_TEST_SUITE_P(
     Shapes, GpuMoe,
     testing::Values(

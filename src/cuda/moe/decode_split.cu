@@ -39,15 +39,25 @@ int decode_ring_rows(int64_t tokens, int top_k, bool precomputed, int bn) {
 // layer, Kimi-K2's GEMM2 (448 -> 896 at a 0.10 gain) 1.028. A narrow CTA pays the same start (tile,
 // rows, first stages) for half the rows, so it pays off only over a long K range
 // (performance.md, thirty-second session).
+// And GEMM1's narrow CTA wherever its 8-warp CTAs do not all fit at once (several waves), there
+// are >= 24 tiles and each warp's K range is at most 48 fragment tiles: smaller CTAs fill the SMs
+// in finer steps and a stage's barrier waits for 4 warps, not 8. Forced on every 8-token GEMM1
+// launch (H100, thirty-second session), it took 0.958-0.996 of the layer time in gpt-oss-120b's,
+// gpt-oss-20b's and Qwen3-30B-A3B's at T = 8-64 (K = 2880, 2048); it lost with a longer K range or
+// fewer tiles: Kimi-K2 at T = 2 1.161 (112 fragment tiles per warp, 16 tiles),
+// DeepSeek-V4-Flash-like at T = 4 1.007 (64 per warp). GEMM2 in waves stays wide: forced narrow
+// it ranged from 0.964 to 1.013 (gpt-oss-20b T = 32), and with GEMM1's narrow CTAs as well
+// gpt-oss-20b T = 16-32 took 1.010-1.012: its CTAs start before GEMM1 ends, so their shape
+// changes what they overlap rather than how they stream.
 // The shared memory: no SM should take more CTAs than its even share, ceil(CTAs / SMs): asking for
 // smem_per_sm / share keeps the block scheduler from stacking CTAs on some SMs while others idle,
 // which a ring of few B rows (three or four CTAs fit per SM) would otherwise allow.
-decode_split pick_decode_split(int bn, int ring_rows, int64_t est_tiles, int64_t rows, int64_t cols,
-                               const decode_device& dev) {
+decode_split pick_decode_split(decode_gemm gemm, int bn, int ring_rows, int64_t est_tiles, int64_t rows,
+                               int64_t cols, const decode_device& dev) {
   constexpr int kCtasPerSmForSplit = 2;
   constexpr int64_t kLongKMinTiles = 32, kLongKMinColTiles = 96;
   constexpr double kBalanceGain = 0.15;
-  constexpr int64_t kNarrowMinWarpTiles = 20;
+  constexpr int64_t kNarrowMinWarpTiles = 20, kNarrowMaxWarpTilesInWaves = 48, kNarrowMinTilesInWaves = 24;
   const layout::sm90_fragment frag{rows, cols};
   const int64_t sms = dev.sms;
   auto ctas_with = [&](int kg, int warps) { return layout::ceil_div(frag.row_tiles(), warps / kg) * est_tiles; };
@@ -65,11 +75,16 @@ decode_split pick_decode_split(int bn, int ring_rows, int64_t est_tiles, int64_t
     d.k_groups = next;
   }
   if (d.k_groups == 1 && bn == 8 && est_tiles >= kLongKMinTiles && frag.col_tiles() >= kLongKMinColTiles) d.k_groups = 2;
-  if (bn == 8 && d.k_groups <= 2 && frag.col_tiles() / d.k_groups >= kNarrowMinWarpTiles) {
-    const int64_t narrow = ctas_with(d.k_groups, sm90::kDecodeWarpsNarrow);
-    if (narrow <= sms * dev.occupancy.ctas_per_sm(bn, d.k_groups, ring_rows, sm90::kDecodeWarpsNarrow) &&
-        balance(narrow) >= balance(ctas_of(d.k_groups)) + kBalanceGain)
-      d.warps = sm90::kDecodeWarpsNarrow;
+  if (bn == 8 && d.k_groups <= 2) {
+    const int64_t warp_tiles = layout::ceil_div(frag.col_tiles(), d.k_groups);
+    const int64_t wide = ctas_of(d.k_groups), narrow = ctas_with(d.k_groups, sm90::kDecodeWarpsNarrow);
+    const bool in_waves = wide > sms * dev.occupancy.ctas_per_sm(bn, d.k_groups, ring_rows, sm90::kDecodeWarps);
+    const bool evens = warp_tiles >= kNarrowMinWarpTiles &&
+                       narrow <= sms * dev.occupancy.ctas_per_sm(bn, d.k_groups, ring_rows, sm90::kDecodeWarpsNarrow) &&
+                       balance(narrow) >= balance(wide) + kBalanceGain;
+    const bool waves = gemm == decode_gemm::gate_up && in_waves && est_tiles >= kNarrowMinTilesInWaves &&
+                       warp_tiles <= kNarrowMaxWarpTilesInWaves;
+    if (evens || waves) d.warps = sm90::kDecodeWarpsNarrow;
   }
   const int64_t share = layout::ceil_div(ctas_with(d.k_groups, d.warps), sms);
   if (share < dev.occupancy.ctas_per_sm(bn, d.k_groups, ring_rows, d.warps))

@@ -46,6 +46,10 @@ class decode_occupancy {
   int ctas_[(kWidths + 1) * kGroups * kRows] = {};
 };
 
+// Which of the layer's two GEMMs a decode launch is: GEMM2 (down) starts copying its weights before
+// GEMM1 ends (gemm_launch::early_weights), which changes what its CTA shape buys.
+enum class decode_gemm { gate_up, down };
+
 // How a decode GEMM launch spreads over the SMs: its K split (warps of a CTA splitting K) and the
 // dynamic shared memory it asks for.
 struct decode_split {
@@ -63,7 +67,7 @@ struct decode_device {
 
 // The split of one GEMM of `rows` x `cols` (N x K) weights with about est_tiles tiles of bn tokens
 // (decode_split.cu says how and why).
-decode_split pick_decode_split(int bn, int ring_rows, int64_t est_tiles, int64_t rows, int64_t cols,
-                               const decode_device& dev);
+decode_split pick_decode_split(decode_gemm gemm, int bn, int ring_rows, int64_t est_tiles, int64_t rows,
+                               int64_t cols, const decode_device& dev);
 
 }  // namespace mxmoe::cuda

@@ -455,8 +455,8 @@ void moe_layer::forward(const tensor_view& x, const routing_input& routing, cons
   if (decode) {
     const int64_t est_tiles = std::min(E, pairs);
     g1.ring_rows = g2.ring_rows = decode_ring_rows(T, k, precomputed, bn);
-    const decode_split s1 = pick_decode_split(bn, g1.ring_rows, est_tiles, 2 * I, H, m.decode_dev);
-    const decode_split s2 = pick_decode_split(bn, g2.ring_rows, est_tiles, H, I, m.decode_dev);
+    const decode_split s1 = pick_decode_split(decode_gemm::gate_up, bn, g1.ring_rows, est_tiles, 2 * I, H, m.decode_dev);
+    const decode_split s2 = pick_decode_split(decode_gemm::down, bn, g2.ring_rows, est_tiles, H, I, m.decode_dev);
     g1.k_groups = s1.k_groups;
     g1.warps = s1.warps;
     g1.min_smem_bytes = s1.min_smem_bytes;
