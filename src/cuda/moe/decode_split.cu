@@ -34,20 +34,21 @@ int decode_ring_rows(int64_t tokens, int top_k, bool precomputed, int bn) {
 // half the rows evens the SMs out by the same margin with every CTA resident, and each warp's K
 // range is long (>= 20 fragment tiles): more CTAs without shortening any warp's K range, which a
 // third split did. gpt-oss-120b's and gpt-oss-20b's GEMM2 at T = 1 (22-23 tiles per warp: 180
-// CTAs, 0.68 of the busiest SM, become 360, 0.91) took 0.983-0.987 of the layer time on an H100.
-// With 16 tiles per warp it lost: Qwen3-30B-A3B's GEMM1 at T = 1 (192 -> 384 CTAs) 1.015 of the
-// layer, Kimi-K2's GEMM2 (448 -> 896 at a 0.10 gain) 1.028. A narrow CTA pays the same start (tile,
+// CTAs, 0.68 of the busiest SM, become 360, 0.91) took 0.987-0.996 of the layer time on three
+// H100s (medians over the rounds, as below). With 16 tiles per warp it lost: Qwen3-30B-A3B's GEMM1
+// at T = 1 (192 -> 384 CTAs) 1.013 of the layer, Kimi-K2's GEMM2 (448 -> 896 at a 0.10 gain) 1.025. A narrow CTA pays the same start (tile,
 // rows, first stages) for half the rows, so it pays off only over a long K range
 // (performance.md, thirty-second session).
 // And GEMM1's narrow CTA wherever its 8-warp CTAs do not all fit at once (several waves), there
 // are >= 24 tiles and each warp's K range is at most 48 fragment tiles: smaller CTAs fill the SMs
 // in finer steps and a stage's barrier waits for 4 warps, not 8. Forced on every 8-token GEMM1
-// launch (H100, thirty-second session), it took 0.958-0.996 of the layer time in gpt-oss-120b's,
-// gpt-oss-20b's and Qwen3-30B-A3B's at T = 8-64 (K = 2880, 2048); it lost with a longer K range or
-// fewer tiles: Kimi-K2 at T = 2 1.161 (112 fragment tiles per warp, 16 tiles),
-// DeepSeek-V4-Flash-like at T = 4 1.007 (64 per warp). GEMM2 in waves stays wide: forced narrow
-// it ranged from 0.964 to 1.013 (gpt-oss-20b T = 32), and with GEMM1's narrow CTAs as well
-// gpt-oss-20b T = 16-32 took 1.010-1.012: its CTAs start before GEMM1 ends, so their shape
+// launch (H100, thirty-second session), it took 0.960-0.999 of the layer time in gpt-oss-120b's,
+// gpt-oss-20b's and Qwen3-30B-A3B's at T = 8-64 (K = 2880, 2048; by this rule, measured again:
+// Qwen3-30B-A3B 0.978-0.989, gpt-oss-120b 0.991-0.998); it lost with a longer K range or fewer
+// tiles: Kimi-K2 at T = 2 1.166 (112 fragment tiles per warp, 16 tiles),
+// DeepSeek-V4-Flash-like at T = 4 1.012 (64 per warp). GEMM2 in waves stays wide: forced narrow
+// it ranged from 0.963 to 1.017 (Kimi-K2 T = 2), and with GEMM1's narrow CTAs as well
+// gpt-oss-20b T = 16-32 took 1.010-1.013: its CTAs start before GEMM1 ends, so their shape
 // changes what they overlap rather than how they stream.
 // The shared memory: no SM should take more CTAs than its even share, ceil(CTAs / SMs): asking for
 // smem_per_sm / share keeps the block scheduler from stacking CTAs on some SMs while others idle,
