@@ -106,13 +106,14 @@ TEST(DecodeSplit, NarrowGemm1CtaInWavesOverShortKRanges) {
   EXPECT_EQ(pick_decode_split(G1, 8, 8, 64, 1536, 2048, dev).warps, kNarrow);
   EXPECT_EQ(pick_decode_split(G1, 8, 4, 32, 1536, 2048, dev).warps, kWide);
   EXPECT_EQ(pick_decode_split(G2, 8, 4, 32, 2048, 768, dev).warps, kWide);
-  // Kimi-K2: GEMM1 at T = 2 (16 tiles, 512 CTAs) keeps 112 fragment tiles per warp, and at T = 4
-  // the long-K split leaves 56: wide. GEMM2 at T = 1 (448 CTAs) has 8 tiles, fewer than 24: wide.
+  // Kimi-K2's GEMM1 at T = 2 (16 tiles, 512 CTAs) keeps 112 fragment tiles per warp, and at T = 4
+  // the long-K split leaves 56: wide.
   EXPECT_EQ(pick_decode_split(G1, 8, 2, 16, 4096, 7168, dev).warps, kWide);
   const decode_split k4 = pick_decode_split(G1, 8, 4, 32, 4096, 7168, dev);
   EXPECT_EQ(k4.k_groups, 2);
   EXPECT_EQ(k4.warps, kWide);
-  EXPECT_EQ(pick_decode_split(G2, 8, 1, 8, 7168, 2048, dev).warps, kWide);
+  // gpt-oss-120b's GEMM1 at T = 4: 720 CTAs in waves, but 16 tiles (< 24): wide.
+  EXPECT_EQ(pick_decode_split(G1, 8, 4, 16, 5760, 2880, dev).warps, kWide);
   // 16-token tiles stay wide in waves too.
   EXPECT_EQ(pick_decode_split(G1, 16, 16, 64, 5760, 2880, dev).warps, kWide);
 }
