@@ -112,8 +112,15 @@ TEST(DecodeSplit, NarrowGemm1CtaInWavesOverShortKRanges) {
   const decode_split k4 = pick_decode_split(G1, 8, 4, 32, 4096, 7168, dev);
   EXPECT_EQ(k4.k_groups, 2);
   EXPECT_EQ(k4.warps, kWide);
-  // gpt-oss-120b's GEMM1 at T = 4: 720 CTAs in waves, but 16 tiles (< 24): wide.
-  EXPECT_EQ(pick_decode_split(G1, 8, 4, 16, 5760, 2880, dev).warps, kWide);
+  // gpt-oss-120b's GEMM1 at T = 4: 720 CTAs in waves, but 16 tiles (< 24): wide, its K split over
+  // 2 groups of 22-23 fragment tiles instead.
+  const decode_split t4 = pick_decode_split(G1, 8, 4, 16, 5760, 2880, dev);
+  EXPECT_EQ(t4.warps, kWide);
+  EXPECT_EQ(t4.k_groups, 2);
+  // Not GEMM2, not Kimi-K2's GEMM1 at T = 2 (56 tiles per group), not a launch in one wave.
+  EXPECT_EQ(pick_decode_split(G2, 8, 4, 16, 2880, 2880, dev).k_groups, 1);
+  EXPECT_EQ(pick_decode_split(G1, 8, 2, 16, 4096, 7168, dev).k_groups, 1);
+  EXPECT_EQ(pick_decode_split(G1, 8, 2, 8, 5760, 2880, dev).k_groups, 1);
   // 16-token tiles stay wide in waves too.
   EXPECT_EQ(pick_decode_split(G1, 16, 16, 64, 5760, 2880, dev).warps, kWide);
 }

@@ -50,6 +50,12 @@ int decode_ring_rows(int64_t tokens, int top_k, bool precomputed, int bn) {
 // it ranged from 0.963 to 1.017 (Kimi-K2 T = 2), and with GEMM1's narrow CTAs as well
 // gpt-oss-20b T = 16-32 took 1.010-1.013: its CTAs start before GEMM1 ends, so their shape
 // changes what they overlap rather than how they stream.
+// Where GEMM1's 8-warp CTAs run in waves but the tiles are too few for the narrow CTA (< 24), its
+// K is split over 2 groups if each keeps 20-48 fragment tiles: forced on every 8-token GEMM1
+// launch (H100, thirty-second session), 2 groups took 0.977 and 0.951 of the layer time at
+// gpt-oss-120b and gpt-oss-20b T = 4 (16 tiles, 720 CTAs: 1.8 waves) and lost where the narrow
+// CTA runs (T >= 16: 1.037-1.051) and at Kimi-K2 T = 2 (56 tiles per group: 1.028). Not
+// confirmed yet (experiment).
 // The shared memory: no SM should take more CTAs than its even share, ceil(CTAs / SMs): asking for
 // smem_per_sm / share keeps the block scheduler from stacking CTAs on some SMs while others idle,
 // which a ring of few B rows (three or four CTAs fit per SM) would otherwise allow.
@@ -86,6 +92,10 @@ decode_split pick_decode_split(decode_gemm gemm, int bn, int ring_rows, int64_t 
     const bool waves = gemm == decode_gemm::gate_up && in_waves && est_tiles >= kNarrowMinTilesInWaves &&
                        warp_tiles <= kNarrowMaxWarpTilesInWaves;
     if (evens || waves) d.warps = sm90::kDecodeWarpsNarrow;
+    const int64_t group_tiles = layout::ceil_div(frag.col_tiles(), 2);
+    if (gemm == decode_gemm::gate_up && d.k_groups == 1 && d.warps == sm90::kDecodeWarps && in_waves &&
+        est_tiles < kNarrowMinTilesInWaves && group_tiles >= kNarrowMinWarpTiles && group_tiles <= kNarrowMaxWarpTilesInWaves)
+      d.k_groups = 2;
   }
   const int64_t share = layout::ceil_div(ctas_with(d.k_groups, d.warps), sms);
   if (share < dev.occupancy.ctas_per_sm(bn, d.k_groups, ring_rows, d.warps))
