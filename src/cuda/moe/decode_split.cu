@@ -54,8 +54,9 @@ int decode_ring_rows(int64_t tokens, int top_k, bool precomputed, int bn) {
 // K is split over 2 groups if each keeps 20-48 fragment tiles: forced on every 8-token GEMM1
 // launch (H100, thirty-second session), 2 groups took 0.977 and 0.951 of the layer time at
 // gpt-oss-120b and gpt-oss-20b T = 4 (16 tiles, 720 CTAs: 1.8 waves) and lost where the narrow
-// CTA runs (T >= 16: 1.037-1.051) and at Kimi-K2 T = 2 (56 tiles per group: 1.028). Not
-// confirmed yet (experiment).
+// CTA runs (T >= 16: 1.037-1.051) and at Kimi-K2 T = 2 (56 tiles per group: 1.028). By this rule,
+// on another H100 (thirty-third session, five rounds): 0.969 and 0.965, every other launch at
+// T = 1-16 within the run's noise.
 // The shared memory: no SM should take more CTAs than its even share, ceil(CTAs / SMs): asking for
 // smem_per_sm / share keeps the block scheduler from stacking CTAs on some SMs while others idle,
 // which a ring of few B rows (three or four CTAs fit per SM) would otherwise allow.
