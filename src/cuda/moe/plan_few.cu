@@ -1,14 +1,18 @@
 // moe/plan_few.cu — the routing and schedule of a forward with few routed pairs, in one small
 // kernel: T <= kPlanFewMaxTokens tokens routed from logits, T * k <= kPlanFewMaxPairs pairs.
 //
-// One CTA of T warps. Warp t routes token t (route_token.cuh: the same function as the route
-// kernel and the one-CTA plan, so the same experts and the same weight bits) and writes ids[p],
+// One CTA of kPlanFewWarps(T, E) warps. Warp t < T routes token t (route_token.cuh: the same
+// function as the route kernel and the one-CTA plan, so the same experts and the same weight bits)
+// and writes ids[p],
 // weights[p] (through the expert map). Warp 0 then holds pair p in lane p and orders the pairs by
 // (local expert, p): rank = how many keys are smaller (one shuffle per lane), the lanes of one
 // expert by __match_any_sync. Each expert gets one tile: a routed token picks an expert once, so
 // an expert has at most T <= tokens_per_tile pairs (the launcher checks). Written: tiles in expert
 // order, num_tiles, sorted / sorted_weights, pos (each pair's rank within its expert), offsets
-// [E + 1], the error flag (0: routed ids are never out of range).
+// [E + 1], the error flag (0: routed ids are never out of range). The offsets take one thread
+// each, so the CTA has a warp per 32 of them (up to 16 warps) even where fewer tokens route: with T
+// warps, one warp at T = 1 ran 13 passes of 32 comparisons for Kimi-K2's 385 offsets, about a
+// third of the instructions the kernel executes on the forward's critical path.
 //
 // Why a kernel of its own: the one-CTA plan (routing.cu) that routes at T = 1 takes 5.5-7.8 µs
 // under ncu (gpt-oss-120b, Qwen3-30B-A3B), and Kimi-K2's 384 experts need the route kernel before
@@ -17,6 +21,7 @@
 // (docs/performance.md, "What cold code costs").
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <string>
 
@@ -30,9 +35,15 @@ namespace mxmoe::cuda::sm90 {
 namespace {
 
 static_assert(kPlanFewMaxPairs == 32, "one pair per lane of warp 0");
+constexpr int kPlanFewMaxWarps = 16;
+
+int plan_few_warps(int tokens, int experts) {
+  const int for_offsets = std::min(kPlanFewMaxWarps, (experts + 1 + 31) / 32);
+  return std::max(tokens, for_offsets);
+}
 
 template <int PER_LANE>
-__global__ void __launch_bounds__(kPlanFewMaxTokens * 32) plan_few_kernel(plan_args a, moe_workspace ws) {
+__global__ void __launch_bounds__(kPlanFewMaxWarps * 32) plan_few_kernel(plan_args a, moe_workspace ws) {
   extern __shared__ int few_scratch[];  // route_scratch_words per warp
   __shared__ int pair_expert[kPlanFewMaxPairs];  // local expert of pair p, -1: dropped
   __shared__ float pair_weight[kPlanFewMaxPairs];
@@ -40,20 +51,22 @@ __global__ void __launch_bounds__(kPlanFewMaxTokens * 32) plan_few_kernel(plan_a
   detail::allow_dependent_launch();
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, k = a.r.top_k, pairs = a.tokens * k;
 
-  const int words = detail::route_scratch_words(a.r, a.experts);
-  float* choice = reinterpret_cast<float*>(few_scratch + warp * words);
-  const detail::route_scratch scratch{choice, choice + a.experts, few_scratch + warp * words + a.experts + a.r.n_group};
-  int e;
-  float wt;
-  detail::route_token<PER_LANE>(a.logits, a.logits_bf16, a.correction_bias, a.r, warp, a.experts, scratch, &e, &wt);
-  if (lane < k) {
-    const int p = warp * k + lane;
-    const int local = detail::local_expert(a.expert_map, e);
-    const float w = local >= 0 ? wt : 0.0f;
-    ws.ids[p] = local;
-    ws.weights[p] = w;
-    pair_expert[p] = local;
-    pair_weight[p] = w;
+  if (warp < a.tokens) {
+    const int words = detail::route_scratch_words(a.r, a.experts);
+    float* choice = reinterpret_cast<float*>(few_scratch + warp * words);
+    const detail::route_scratch scratch{choice, choice + a.experts, few_scratch + warp * words + a.experts + a.r.n_group};
+    int e;
+    float wt;
+    detail::route_token<PER_LANE>(a.logits, a.logits_bf16, a.correction_bias, a.r, warp, a.experts, scratch, &e, &wt);
+    if (lane < k) {
+      const int p = warp * k + lane;
+      const int local = detail::local_expert(a.expert_map, e);
+      const float w = local >= 0 ? wt : 0.0f;
+      ws.ids[p] = local;
+      ws.weights[p] = w;
+      pair_expert[p] = local;
+      pair_weight[p] = w;
+    }
   }
   __syncthreads();
 
@@ -121,7 +134,8 @@ void launch_plan_few(const plan_args& a, const moe_workspace& ws, cudaStream_t s
                 : a.experts <= 256 ? plan_few_kernel<8>
                 : a.experts <= 384 ? plan_few_kernel<12>
                                    : plan_few_kernel<16>;
-  launch_pdl(kernel, dim3(1), dim3(static_cast<unsigned>(a.tokens * 32)), smem, stream, true, a, ws);
+  launch_pdl(kernel, dim3(1), dim3(static_cast<unsigned>(plan_few_warps(a.tokens, a.experts) * 32)), smem, stream, true,
+             a, ws);
 }
 
 }  // namespace mxmoe::cuda::sm90
