@@ -24,15 +24,17 @@ namespace mxmoe::cuda::sm90::detail {
 // sorted position start + r of act) and writes pair row_pair[r]; -1 beyond the count. All
 // threads of the CTA call it; the caller synchronizes before reading the arrays. Without row_pair
 // (GEMM2 of the decode GEMM, which keeps its pairs in registers: pairs_in_registers) no global
-// memory is read: GEMM2's rows are the sorted positions themselves.
+// memory is read: GEMM2's rows are the sorted positions themselves. one_b_row (GEMM1 at T = 1,
+// without row_pair): every row reads activation row 0, and nothing is loaded either.
 __device__ __forceinline__ void load_tile_rows(const tile_desc& td, const moe_workspace& ws, epilogue_kind ep,
-                                               int top_k, int bn, int* row_src, int* row_pair) {
+                                               int top_k, int bn, int* row_src, int* row_pair, bool one_b_row = false) {
+  const bool gate_up = ep == epilogue_kind::gate_up_activation;
   for (int r = threadIdx.x; r < bn; r += blockDim.x) {
     int src = -1, pair = -1;
     if (r < td.count) {
       const int s = td.start + r;
-      if (ep == epilogue_kind::gate_up_activation || row_pair != nullptr) pair = ws.sorted[s];
-      src = ep == epilogue_kind::gate_up_activation ? pair / top_k : s;
+      if (row_pair != nullptr || (gate_up && !one_b_row)) pair = ws.sorted[s];
+      src = !gate_up ? s : one_b_row ? 0 : pair / top_k;
     }
     row_src[r] = src;
     if (row_pair != nullptr) row_pair[r] = pair;

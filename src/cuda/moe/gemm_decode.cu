@@ -21,7 +21,7 @@ void launch_decode_groups(const gemm_launch& l, const gemm_weights& w, const uin
   auto* kernel = w.scales_in_range ? moe_gemm_decode_kernel<S, KG, true> : moe_gemm_decode_kernel<S, KG, false>;
   const size_t smem = std::max<size_t>(S::smem_bytes(KG, l.ring_rows), l.min_smem_bytes);
   launch_pdl(kernel, grid, dim3(S::kThreads), smem, stream, l.dependent, w, b_rows, ws, top_k, ep, act,
-             l.early_weights, l.ring_rows);
+             l.early_weights, l.ring_rows, l.one_b_row);
 }
 
 template <class S>

@@ -104,7 +104,8 @@ using decode_8_narrow = decode_shape<1, kDecodeWarpsNarrow>;
 template <class S, int KG, bool kScalesInRange>
 __global__ void __launch_bounds__(S::kThreads, S::kMinBlocks)
     moe_gemm_decode_kernel(gemm_weights w, const uint16_t* __restrict__ b_rows, moe_workspace ws, int top_k,
-                           epilogue_kind ep, activation_config act, bool early_weights, int ring_rows) {
+                           epilogue_kind ep, activation_config act, bool early_weights, int ring_rows,
+                           bool one_b_row) {
   static_assert(KG >= 1 && KG <= S::kMaxGroups && S::kWarps % KG == 0, "1, 2 or 4 K groups of whole warps");
   // The K groups are a template parameter so that a thread's B chunks of groups that do not exist
   // (and their copy state) are no code at all: the per-stage copy bookkeeping, not the tensor
@@ -179,9 +180,10 @@ __global__ void __launch_bounds__(S::kThreads, S::kMinBlocks)
   if (early_weights) detail::wait_for_previous_grid();
   detail::allow_dependent_launch();
 
-  // Per B row: the activation row it reads (GEMM2: its sorted position, no load).
+  // Per B row: the activation row it reads (GEMM2: its sorted position; GEMM1 at T = 1: row 0;
+  // neither loads).
   int* row_src = reinterpret_cast<int*>(smem + ring_bytes - (S::kRowsInRing ? S::b_stage_bytes(KG, ring_rows) : 0));
-  detail::load_tile_rows(td, ws, ep, top_k, S::BN, row_src, nullptr);
+  detail::load_tile_rows(td, ws, ep, top_k, S::BN, row_src, nullptr, one_b_row);
   __syncthreads();
 
   // This thread's B chunks: row cr, 16-byte column cq, fragment tiles ct0 + i * kTileStride of a

@@ -119,6 +119,9 @@ struct gemm_launch {
                                // uses caps the CTAs an SM takes; 0: what the kernel uses)
   bool early_weights = false;  // decode: start copying weights before waiting for the previous kernel
                                // (the tile list was written two kernels back: GEMM2)
+  bool one_b_row = false;      // decode GEMM1: b_rows holds one row (T = 1), which every pair reads:
+                               // its rows come without a load of the sorted pairs, one round trip
+                               // less before its first stage (docs/performance.md, thirty-third session)
   bool dependent = true;       // programmatic dependent launch
   int64_t experts = 0;         // prefill: experts in the weights, and
   int64_t b_row_count = 0;     // the rows of b_rows (T·k): the extents of the kernel's tensor maps

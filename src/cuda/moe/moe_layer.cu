@@ -464,6 +464,7 @@ void moe_layer::forward(const tensor_view& x, const routing_input& routing, cons
     g2.warps = s2.warps;
     g2.min_smem_bytes = s2.min_smem_bytes;
     g2.early_weights = true;  // its tile list was written by the plan, before GEMM1
+    g1.one_b_row = T == 1;
   }
   const uint16_t* b1 = x.as<const uint16_t>();
   if (prefill) {  // GEMM1's rows gathered in sorted order into ybuf, which GEMM2 then overwrites
