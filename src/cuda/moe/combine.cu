@@ -22,18 +22,24 @@ namespace {
 
 constexpr int kMaxTopK = 16;  // moe_config's bound
 
-// The ybuf row of slot j of token t (-1: dropped) and its weight in the sum: by_pair, row t*k + j
-// with weight 1 (GEMM2 applied the routing weight); by_sorted_position, the pair's sorted position
-// and routing weight from moe_workspace::combine_slots (one 8-byte load: found as offsets[e] +
-// pos[p] here, with the weight, the metadata loads per thread quadrupled and the combine took
-// 11-25 % longer: docs/performance.md, "2026-12-06 (twenty-seventh session)").
-__device__ __forceinline__ int32_t slot_row(int64_t p, ybuf_rows rows, const moe_workspace& ws, float* weight) {
+// The ybuf row of pair p (-1: none), whether the sum takes it (*used) and its weight there: by_pair,
+// row p = t*k + j with weight 1 (GEMM2 applied the routing weight), used unless the slot was dropped
+// (id -1). The row is read even then, so that its load does not wait for the id's: one round trip
+// per batch instead of two; a dropped slot's row holds whatever was there, and is never added.
+// by_sorted_position: the pair's sorted position and routing weight from
+// moe_workspace::combine_slots (one 8-byte load: found as offsets[e] + pos[p] here, with the
+// weight, the metadata loads per thread quadrupled and the combine took 11-25 % longer:
+// docs/performance.md, "2026-12-06 (twenty-seventh session)").
+__device__ __forceinline__ int32_t slot_row(int64_t p, ybuf_rows rows, const moe_workspace& ws, float* weight,
+                                            bool* used) {
   if (rows == ybuf_rows::by_pair) {
     *weight = 1.0f;
-    return ws.ids[p] >= 0 ? static_cast<int32_t>(p) : -1;
+    *used = ws.ids[p] >= 0;
+    return static_cast<int32_t>(p);
   }
   const combine_slot s = ws.combine_slots[p];
   *weight = s.weight;
+  *used = s.row >= 0;
   return s.row;
 }
 
@@ -50,15 +56,17 @@ __device__ __forceinline__ uint4 combine_vector(int64_t t, int top_k, ybuf_rows 
     if (j0 >= top_k) break;
     int32_t row[kBatch];
     float weight[kBatch];
+    bool used[kBatch];
     uint4 y[kBatch];
 #pragma unroll
     for (int u = 0; u < kBatch; ++u) {
-      row[u] = j0 + u < top_k ? slot_row(t * top_k + j0 + u, rows, ws, &weight[u]) : -1;
+      used[u] = false;
+      row[u] = j0 + u < top_k ? slot_row(t * top_k + j0 + u, rows, ws, &weight[u], &used[u]) : -1;
       if (row[u] >= 0) y[u] = detail::load_16_l2_hint(ws.ybuf + row[u] * hidden + col, ws.ybuf_load_l2_policy);
     }
 #pragma unroll
     for (int u = 0; u < kBatch; ++u) {
-      if (row[u] < 0) continue;
+      if (!used[u]) continue;
       const uint32_t v[4] = {y[u].x, y[u].y, y[u].z, y[u].w};
 #pragma unroll
       for (int q = 0; q < 4; ++q) {
