@@ -123,6 +123,9 @@ class moe_layer {
   // x: bf16 [T, H] (device); routing: logits f32 | bf16 [T, E], or ids i32 + weights f32
   // [T, k] (device); out: bf16 [T, H] (device). T may be 0. No host synchronization;
   // capturable in a CUDA graph; deterministic (identical calls give identical bits).
+  // Where most experts are touched, forward forks a stream of the layer's own from `stream` (an
+  // L2 prefetch of weights) and joins it before it returns: call one layer's forward from one
+  // host thread at a time, and not eagerly while another of its forwards is being captured.
   // An expert id outside [0, E) in precomputed routing drops that slot (it contributes 0) and
   // is recorded in the workspace: bit 0 of read_error_flags() (which synchronizes).
   void forward(const tensor_view& x, const routing_input& routing, const tensor_view& out,

@@ -184,6 +184,17 @@ void prepare_plan_kernel();
 void launch_plan(const plan_args& a, const moe_workspace& ws, cudaStream_t stream);
 void launch_plan_few(const plan_args& a, const moe_workspace& ws, cudaStream_t stream);
 
+// An L2 prefetch of the first local experts' GEMM1 weights (prefetch.cu): the codes' and scales'
+// shares of `budget` bytes, each a linear range from expert 0. Launch it on a stream the forward's
+// chain does not wait on.
+struct weight_prefetch {
+  const uint8_t* codes = nullptr;
+  int64_t code_bytes = 0;  // all experts' codes (contiguous)
+  const uint8_t* scales = nullptr;
+  int64_t scale_bytes = 0;
+  int64_t budget = 0;      // bytes to prefetch in all (0: none)
+};
+void launch_weight_prefetch(const weight_prefetch& pf, cudaStream_t stream);
 // Routing from logits (f32 or bf16 [T, E]); fills ids, weights (and with count_pairs counts, pos).
 // expert_map (null: none) turns the ids into local indices (routing.cu).
 void launch_route(const void* logits, bool logits_bf16, const float* correction_bias, const routing_config& r,

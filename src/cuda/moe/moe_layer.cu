@@ -4,7 +4,9 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdlib>
+#include <memory>
 #include <string>
 
 #include "check.h"
@@ -219,7 +221,39 @@ void check_operand(const tensor_view& v, const char* name, int device) {
 
 }  // namespace
 
+// A stream and two events for work that the forward's chain must not wait for (the GEMM1 weight
+// prefetch): forked from the caller's stream at the start, joined back at the end, so a captured
+// graph holds it as a branch of its own.
+struct side_stream {
+  cudaStream_t stream = nullptr;
+  cudaEvent_t fork = nullptr, join = nullptr;
+  side_stream() {
+    MXMOE_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+    MXMOE_CUDA_CHECK(cudaEventCreateWithFlags(&fork, cudaEventDisableTiming));
+    MXMOE_CUDA_CHECK(cudaEventCreateWithFlags(&join, cudaEventDisableTiming));
+  }
+  ~side_stream() {
+    if (join) cudaEventDestroy(join);
+    if (fork) cudaEventDestroy(fork);
+    if (stream) cudaStreamDestroy(stream);
+  }
+  side_stream(const side_stream&) = delete;
+  side_stream& operator=(const side_stream&) = delete;
+};
+
+// GEMM1 weight bytes to prefetch before GEMM1 knows its tiles (prefetch.cu): where the decode GEMM
+// runs and most experts are touched (the expected share of touched experts under uniform routing,
+// 1 - (1 - k/E)^T, >= 0.75: Qwen3-30B-A3B from T = 22, gpt-oss and DeepSeek-V3 from 44, Kimi-K2
+// from 66), about what the DRAM moves while the route and plan kernels run. Where few experts are
+// touched, the lowest ones are mostly not GEMM1's.
+int64_t gemm1_prefetch_bytes(int64_t tokens, int top_k, int64_t experts) {
+  const double touched = 1.0 - std::pow(1.0 - static_cast<double>(top_k) / static_cast<double>(experts),
+                                        static_cast<double>(tokens));
+  return touched >= 0.75 ? (16ll << 20) : 0;
+}
+
 struct moe_layer::impl {
+  std::unique_ptr<side_stream> side = std::make_unique<side_stream>();
   moe_config cfg;
   layout::sm90_fragment frag13, frag2;
   device_buffer codes13, scales13, codes2, scales2, bias13, bias2, correction;
@@ -392,6 +426,19 @@ void moe_layer::forward(const tensor_view& x, const routing_input& routing, cons
   const int64_t tiles = max_tiles(pairs, E, bn);
   const int32_t* expert_map = static_cast<const int32_t*>(m.expert_map.data());
 
+  const int64_t prefetch = decode && !legacy ? gemm1_prefetch_bytes(T, k, E) : 0;
+  if (prefetch > 0) {
+    sm90::weight_prefetch pf;
+    pf.codes = static_cast<const uint8_t*>(m.codes13.data());
+    pf.code_bytes = E * m.frag13.weight_bytes();
+    pf.scales = static_cast<const uint8_t*>(m.scales13.data());
+    pf.scale_bytes = E * m.frag13.scale_bytes();
+    pf.budget = std::min<int64_t>(prefetch, pf.code_bytes + pf.scale_bytes);
+    MXMOE_CUDA_CHECK(cudaEventRecord(m.side->fork, stream));
+    MXMOE_CUDA_CHECK(cudaStreamWaitEvent(m.side->stream, m.side->fork, 0));
+    sm90::launch_weight_prefetch(pf, m.side->stream);
+    MXMOE_CUDA_CHECK(cudaEventRecord(m.side->join, m.side->stream));
+  }
   if (!legacy && pairs <= sm90::kPlanMaxPairs) {  // routing bookkeeping by the one-CTA plan
     sm90::plan_args a;
     a.r = c.routing;
@@ -477,6 +524,7 @@ void moe_layer::forward(const tensor_view& x, const routing_input& routing, cons
                     stream);
   sm90::launch_combine(T, k, H, ws, prefill ? sm90::ybuf_rows::by_sorted_position : sm90::ybuf_rows::by_pair,
                        out.as<uint16_t>(), !legacy, stream);
+  if (prefetch > 0) MXMOE_CUDA_CHECK(cudaStreamWaitEvent(stream, m.side->join, 0));
 }
 
 }  // namespace mxmoe::cuda
