@@ -308,7 +308,9 @@ TEST(GpuMoeGraph, CapturedForwardReplaysWithNewInputs) {
   const moe_weights w = m.weights();
   const cuda::moe_layer layer(w, cfg);
   // T = 1 and 8: the few-token plan, decode tiles of 8; T = 12: the one-CTA plan routes, tiles of
-  // 16; T = 37: route + plan, tiles of 16.
+  // 16; T = 37: route + plan, tiles of 16. From T = 5 on (16 experts, top-4: 1 - (3/4)^T >= 0.75)
+  // the forward forks the GEMM1 weight prefetch onto the layer's own stream, so the graphs of T = 8,
+  // 12 and 37 hold it as a branch (moe_layer.cu, gemm1_prefetch_bytes).
   expect_graph_replays(layer, w, {1, 8, 12, 37}, rng);
 }
 
