@@ -16,6 +16,7 @@
 #include "mxmoe/validate.h"
 #include "decode_split.h"
 #include "kernels.h"
+#include "tile_bound.h"
 
 namespace mxmoe::cuda {
 namespace {
@@ -134,8 +135,6 @@ int decode_tokens_per_tile(int64_t tokens, int64_t per_expert, routing_kind rout
   return std::min(by_tokens, by_pairs);
 }
 
-// Upper bound of the tile count: sum_e ceil(c_e / BN) <= pairs / BN + min(E, pairs).
-int64_t max_tiles(int64_t pairs, int64_t experts, int bn) { return pairs / bn + std::min(experts, pairs); }
 
 // The decode GEMM's CTAs per SM on this GPU, for every tile, K split and ring_rows it launches with.
 void measure_decode_occupancy(decode_occupancy& o) {
