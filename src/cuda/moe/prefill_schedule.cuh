@@ -21,6 +21,9 @@ namespace mxmoe::cuda::sm90 {
 // what depends on them only (ring slots, barrier addresses, wgmma descriptors) can live in
 // uniform registers. Without it every K-step paid ~8 R2UR moves of descriptor halves, and
 // reconvergence around each of its branches (ncu, Qwen3-30B-A3B T = 512, 2026-12-05).
+// Both are whole-warp shuffles: every lane must call them together, never inside a branch that
+// some lanes skip (`if (leader)`, `if (elect_one_sync())`): a lane alone at one waits for lanes
+// that went on, and the kernel hangs (docs/performance.md, thirty-seventh session).
 __device__ __forceinline__ int warp_uniform(int v) { return __shfl_sync(0xFFFFFFFFu, v, 0); }
 __device__ __forceinline__ int warp_index() { return warp_uniform(static_cast<int>(threadIdx.x >> 5)); }
 
