@@ -3,12 +3,14 @@
 # (scripts/setup.sh, carried in build/bin). Full results go to $OUT (default ./gpu-out):
 #   log.txt            everything printed
 #   gpu_tests.json     GoogleTest results of mxmoe_gpu_tests
-#   bench_quantize.json, code_fetch.json, torch.json, peer.json, bench_moe.json, roofline.png, python.json, python.log,
+#   bench_quantize.json, code_fetch.json, stream_read.json, torch.json, peer.json, bench_moe.json, roofline.png, python.json, python.log,
 #   convert.json
 #   summary.txt        the short table printed last
-# Steps (MXMOE_STEPS, default all): tests sanitize cli convert quantize code-fetch torch peer moe python
+# Steps (MXMOE_STEPS, default all): tests sanitize cli convert quantize code-fetch stream-read torch peer moe python
 #   code-fetch: bench/bench_code_fetch.cu, straight-line kernels timed with their code warm, in the
 #   L2 only, and fetched from DRAM (code_fetch.json)
+#   stream-read: bench/bench_stream_read.cu, the plainest read of each preset's T = 1 weight bytes
+#   after an L2 flush: the practical ceiling of the decode GEMMs at T = 1 (stream_read.json)
 #   convert: scripts/bench_convert.sh on a synthetic BF16 checkpoint of MXMOE_CONVERT_GB (default 6)
 #   GB in $TMPDIR: the read rate of cat, then quantize on cpu and cuda (wall, GB/s, peak RSS)
 #   peer: bench/peer_triton.py (triton_kernels matmul_ogs as vLLM 0.33.0 runs it) from .peer/
@@ -27,7 +29,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-$PWD/gpu-out}
 BIN=${MXMOE_BIN:-build/bin}
-STEPS=${MXMOE_STEPS:-tests sanitize cli convert quantize code-fetch torch peer moe python}
+STEPS=${MXMOE_STEPS:-tests sanitize cli convert quantize code-fetch stream-read torch peer moe python}
 TOKENS=${MXMOE_TOKENS:-1,8,32,64,128,512,2048,8192,16384}
 SHAPES=${MXMOE_SHAPES:-gpt-oss-120b,qwen3-30b-a3b,kimi-k2,gpt-oss-20b,deepseek-v3,deepseek-v4-flash-like}
 COMMIT=${MXMOE_COMMIT:-unknown}
@@ -107,6 +109,10 @@ fi
 if has code-fetch; then
   step "cold code: bench_code_fetch (what a kernel's first pass through its code costs)"
   timeout 60 "$BIN/bench_code_fetch" --json "$OUT/code_fetch.json" 2>&1 | tee -a "$LOG" || status=1
+fi
+if has stream-read; then
+  step "read ceiling at decode sizes: bench_stream_read (each preset's T = 1 weight bytes, L2 flushed)"
+  timeout 60 "$BIN/bench_stream_read" --json "$OUT/stream_read.json" 2>&1 | tee -a "$LOG" || status=1
 fi
 if has torch; then
   step "torch BF16 baseline and ceilings"
