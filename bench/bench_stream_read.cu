@@ -32,13 +32,12 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstdio>
-#include <cstdlib>
-#include <fstream>
 #include <limits>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
+#include "bench_main.h"
 #include "check.h"
 #include "moe_bench.h"
 #include "mxmoe/presets.h"
@@ -134,28 +133,10 @@ std::vector<size_point> size_points() {
 }  // namespace
 
 int main(int argc, char** argv) {
-  int iters = 15;
-  std::string json_path;
-  for (int i = 1; i < argc; ++i) {
-    const std::string a = argv[i];
-    if (a == "--iters" && i + 1 < argc) {
-      iters = std::atoi(argv[++i]);
-    } else if (a == "--json" && i + 1 < argc) {
-      json_path = argv[++i];
-    } else {
-      std::fprintf(stderr, "usage: bench_stream_read [--iters N] [--json PATH]\n  unknown argument '%s'\n", a.c_str());
-      return 2;
-    }
-  }
-  if (iters < 1 || iters > 1000) {
-    std::fprintf(stderr, "--iters: expected 1 .. 1000, got %d\n", iters);
-    return 2;
-  }
-  int n_dev = 0;
-  if (cudaGetDeviceCount(&n_dev) != cudaSuccess || n_dev == 0) {
-    std::fprintf(stderr, "bench_stream_read: no CUDA device\n");
-    return 3;
-  }
+  mxmoe::bench::iters_json_args args{15, ""};
+  if (const int rc = mxmoe::bench::parse_iters_json(argc, argv, "bench_stream_read", args)) return rc;
+  if (!mxmoe::bench::have_cuda_device("bench_stream_read")) return 3;
+  const int iters = args.iters;
   cudaDeviceProp prop{};
   MXMOE_CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
   const int sms = prop.multiProcessorCount;
@@ -237,14 +218,9 @@ int main(int argc, char** argv) {
   cudaFree(flush);
   cudaFree(sink);
   cudaFree(span);
-  if (!json_path.empty()) {
-    nlohmann::json doc{{"device", prop.name}, {"sms", sms}, {"iters", iters}, {"copy_tbps", copy_tbps}, {"rows", rows}};
-    const std::string tmp = json_path + ".tmp";
-    std::ofstream(tmp) << doc.dump(1) << "\n";
-    if (std::rename(tmp.c_str(), json_path.c_str()) != 0) {
-      std::fprintf(stderr, "bench_stream_read: cannot write %s\n", json_path.c_str());
-      return 1;
-    }
+  if (!args.json_path.empty()) {
+    const nlohmann::json doc{{"device", prop.name}, {"sms", sms}, {"iters", iters}, {"copy_tbps", copy_tbps}, {"rows", rows}};
+    if (!mxmoe::bench::write_json_file(args.json_path, doc, "bench_stream_read")) return 1;
   }
   return 0;
 }
