@@ -22,7 +22,8 @@ a K-step runs one), so read the opcodes that differ and where they sit, not only
 "path N@W" estimates the instructions one pass runs at wgmma width W (the widest in the loop): the
 loop without the wgmma groups (WARPGROUP.ARRIVE to the HGMMA that closes the group, and the branch
 after it) of other widths; the branches that pick a width stay counted. cuobjdump comes from
---cuobjdump, $CUOBJDUMP, PATH or the CUDA toolkit's bin folder. Exit status 1 when no kernel matched, 2 on a usage error.
+--cuobjdump, $CUOBJDUMP, PATH or the CUDA toolkit's bin folder (a toolkit without it: PyPI's
+nvidia-cuda-cuobjdump wheel holds it as nvidia/cu13/bin/cuobjdump). Exit status 1 when no kernel matched, 2 on a usage error.
 """
 import argparse
 import collections
@@ -186,7 +187,9 @@ def main(argv):
         if a.binary or a.base:
             tool = find_cuobjdump(a.cuobjdump)
             if tool is None:
-                ap.error("cuobjdump not found (--cuobjdump, $CUOBJDUMP, PATH, /usr/local/cuda/bin)")
+                ap.error("cuobjdump not found (--cuobjdump, $CUOBJDUMP, PATH, /usr/local/cuda/bin); where the "
+                         "CUDA toolkit lacks it, PyPI's nvidia-cuda-cuobjdump wheel has it: pip download --no-deps "
+                         "nvidia-cuda-cuobjdump, unzip, nvidia/cu13/bin/cuobjdump")
         texts["new"] = open(a.sass).read() if a.sass else sass_of(a.binary, tool)
         if a.base or a.base_sass:
             texts["base"] = open(a.base_sass).read() if a.base_sass else sass_of(a.base, tool)

@@ -668,6 +668,17 @@ class SassLoops(unittest.TestCase):
         run = self.run_tool("/no/such/binary", "--cuobjdump", "/no/such/cuobjdump")
         self.assertEqual(run.returncode, 2)
 
+    def test_missing_cuobjdump_names_where_to_get_it(self):
+        if os.path.exists("/usr/local/cuda/bin/cuobjdump"):
+            self.skipTest("this machine's CUDA toolkit has cuobjdump, so the tool always finds one")
+        env = {k: v for k, v in os.environ.items() if k != "CUOBJDUMP"}
+        env["PATH"] = os.path.dirname(sys.executable)
+        run = subprocess.run([sys.executable, os.path.join(ROOT, "bench", "sass_loops.py"), "/no/such/binary"],
+                             capture_output=True, text=True, env=env)
+        self.assertEqual(run.returncode, 2)
+        self.assertIn("cuobjdump not found", run.stderr)
+        self.assertIn("pip download --no-deps nvidia-cuda-cuobjdump", run.stderr)
+
 
 if __name__ == "__main__":
     unittest.main(verbosity=2)
