@@ -21,7 +21,11 @@ loop body holds every path (the prefill tiles' loop holds one wgmma group per ti
 a K-step runs one), so read the opcodes that differ and where they sit, not only the total.
 "path N@W" estimates the instructions one pass runs at wgmma width W (the widest in the loop): the
 loop without the wgmma groups (WARPGROUP.ARRIVE to the HGMMA that closes the group, and the branch
-after it) of other widths; the branches that pick a width stay counted. cuobjdump comes from
+after it) of other widths; the branches that pick a width stay counted. --walk START:END[:TAKEN,...] counts what one warp issues along one path instead (one kernel
+only): from address START to END, taking the conditional branches at the TAKEN addresses and every
+unconditional one; e.g. one full stage of a decode GEMM, from the stage loop's head to its backward
+branch (a branch that diverges within a warp runs both sides: walk the side a full stage takes and
+add the other's). cuobjdump comes from
 --cuobjdump, $CUOBJDUMP, PATH or the CUDA toolkit's bin folder (a toolkit without it: PyPI's
 nvidia-cuda-cuobjdump wheel holds it as nvidia/cu13/bin/cuobjdump). Exit status 1 when no kernel matched, 2 on a usage error.
 """
@@ -121,6 +125,51 @@ def path_estimate(loop):
     return len(loop) - sum(n for w, n in groups if w != widest), widest
 
 
+def walk(code, start, end, taken):
+    """The instructions one warp issues from address `start` to `end` (both included): conditional
+    branches at the addresses in `taken` jump, others fall through; unconditional branches jump.
+    Raises ValueError when an address is not in the kernel or the path comes back to an
+    instruction before reaching `end` (a loop it never leaves)."""
+    index = {address: i for i, (address, _) in enumerate(code)}
+    for name, address in [("start", start), ("end", end)] + [("taken", a) for a in sorted(taken)]:
+        if address not in index:
+            raise ValueError(f"{name} address 0x{address:x} is not an instruction of the kernel")
+    path, seen, i = [], set(), index[start]
+    while True:
+        address, instruction = code[i]
+        if address in seen:
+            raise ValueError(f"the path comes back to 0x{address:x} before 0x{end:x}: a branch to take or not is missing")
+        seen.add(address)
+        path.append(instruction)
+        if address == end:
+            return path
+        if opcode(instruction) in ("EXIT", "RET") and not instruction.startswith("@"):
+            raise ValueError(f"the path exits at 0x{address:x} before 0x{end:x}")
+        m = BRANCH.search(instruction)
+        if m and opcode(instruction).startswith("BRA") and (address in taken or not instruction.startswith("@")):
+            target = int(m.group(1), 16)
+            if target not in index:
+                raise ValueError(f"the branch at 0x{address:x} leaves the kernel's code (0x{target:x})")
+            i = index[target]
+        else:
+            i += 1
+            if i == len(code):
+                raise ValueError(f"the path runs off the kernel's end before 0x{end:x}")
+
+
+def parse_walk(text):
+    """START:END[:TAKEN,...] (hexadecimal, 0x optional) -> (start, end, {taken})."""
+    parts = text.split(":")
+    if len(parts) not in (2, 3) or not all(parts[:2]):
+        raise ValueError(f"--walk wants START:END[:TAKEN,...], got '{text}'")
+    try:
+        start, end = int(parts[0], 16), int(parts[1], 16)
+        taken = {int(t, 16) for t in parts[2].split(",") if t} if len(parts) == 3 else set()
+    except ValueError:
+        raise ValueError(f"--walk wants hexadecimal addresses, got '{text}'") from None
+    return start, end, taken
+
+
 def loops(kernels, pattern):
     """{kernel: (instructions in the kernel, the loop's instructions or None)} of matching kernels."""
     rx = re.compile(pattern)
@@ -177,11 +226,19 @@ def main(argv):
     ap.add_argument("--base-sass", help="the base's cuobjdump -sass output")
     ap.add_argument("--kernels", default=r"moe_gemm", help="regular expression on the mangled kernel names")
     ap.add_argument("--cuobjdump", help="path of cuobjdump")
+    ap.add_argument("--walk", metavar="START:END[:TAKEN,...]",
+                    help="count the instructions issued along one path of the one matching kernel (hex addresses)")
     a = ap.parse_args(argv)
     if bool(a.binary) == bool(a.sass):
         ap.error("name a binary or --sass, not both")
     if a.base and a.base_sass:
         ap.error("name --base or --base-sass, not both")
+    if a.walk and (a.base or a.base_sass):
+        ap.error("--walk reads one build: leave out --base and --base-sass")
+    try:
+        walk_range = parse_walk(a.walk) if a.walk else None
+    except ValueError as e:
+        ap.error(str(e))
     texts = {}
     try:
         if a.binary or a.base:
@@ -196,6 +253,26 @@ def main(argv):
     except (OSError, RuntimeError) as e:
         print(f"sass_loops.py: {e}", file=sys.stderr)
         return 2
+    if walk_range:
+        rx = re.compile(a.kernels)
+        matched = {n: c for n, c in parse_sass(texts["new"]).items() if rx.search(n)}
+        if len(matched) != 1:
+            print(f"sass_loops.py: --walk needs --kernels to match one kernel; '{a.kernels}' matches {len(matched)}",
+                  file=sys.stderr)
+            return 1
+        (name, code), = matched.items()
+        start, end, taken = walk_range
+        try:
+            path = walk(code, start, end, taken)
+        except ValueError as e:
+            print(f"sass_loops.py: {e}", file=sys.stderr)
+            return 2
+        counts = collections.Counter(opcode(ins).split(".")[0] for ins in path)
+        print(f"{short_names([name])[name]}: 0x{start:x} .. 0x{end:x}"
+              + (f", taken at {', '.join(f'0x{t:x}' for t in sorted(taken))}" if taken else "")
+              + f": {len(path)} instructions")
+        print("  " + ", ".join(f"{k} {n}" for k, n in counts.most_common()))
+        return 0
     new = loops(parse_sass(texts["new"]), a.kernels)
     if not new:
         print(f"sass_loops.py: no kernel matches '{a.kernels}'", file=sys.stderr)

@@ -13,7 +13,8 @@
   * bench/ncu_source.py: a kernel's stall samples by reason, by opcode and per instruction, from
     the source page;
   * bench/sass_loops.py: each GEMM kernel's innermost tensor-core loop in SASS, paired with a base
-    build's kernel of the same tile, and the opcodes that differ.
+    build's kernel of the same tile, and the opcodes that differ; --walk, the instructions one
+    warp issues along one path of a kernel.
     python3 tests/scripts/test_bench_scripts.py
 """
 import ast
@@ -678,6 +679,59 @@ class SassLoops(unittest.TestCase):
         self.assertEqual(run.returncode, 2)
         self.assertIn("cuobjdump not found", run.stderr)
         self.assertIn("pip download --no-deps nvidia-cuda-cuobjdump", run.stderr)
+
+
+class SassWalk(unittest.TestCase):
+    """--walk: the instructions one warp issues along one path of one kernel."""
+
+    def setUp(self):
+        self.dir = tempfile.TemporaryDirectory()
+        self.file = os.path.join(self.dir.name, "k.txt")
+        # 0x00 LDC, 0x10 MOV, 0x20 LOP3, 0x30 @P2 BRA 0x60, 0x40 FADD, 0x50 FMUL, 0x60 HGMMA,
+        # 0x70 @!P0 BRA 0x20, 0x80 IADD3, 0x90 @!P1 BRA 0x10, 0xa0 EXIT
+        with open(self.file, "w") as f:
+            f.write(sass(TILE_NEW, ["@P2 BRA 0x60", "FADD R4, R4, R5", "FMUL R4, R4, R5"]))
+            f.write(sass("_Z14combine_kernelv", ["FADD R4, R4, R5"]))
+
+    def tearDown(self):
+        self.dir.cleanup()
+
+    def run_tool(self, *args, kernels="prefill"):
+        return subprocess.run([sys.executable, os.path.join(ROOT, "bench", "sass_loops.py"), "--sass", self.file,
+                               "--kernels", kernels, *args], capture_output=True, text=True)
+
+    def test_branches_fall_through_unless_taken(self):
+        run = self.run_tool("--walk", "10:90")
+        self.assertEqual(run.returncode, 0, run.stderr)
+        self.assertIn(": 9 instructions", run.stdout)  # 0x10 .. 0x90, no branch taken
+        self.assertIn("FADD 1", run.stdout)
+        run = self.run_tool("--walk", "0x10:0x90:0x30")
+        self.assertEqual(run.returncode, 0, run.stderr)
+        self.assertIn("taken at 0x30: 7 instructions", run.stdout)  # FADD and FMUL skipped
+        self.assertNotIn("FADD", run.stdout)
+
+    def test_a_path_that_loops_or_leaves_is_an_error(self):
+        run = self.run_tool("--walk", "10:90:70")  # 0x70 jumps back to 0x20
+        self.assertEqual(run.returncode, 2)
+        self.assertIn("comes back to 0x20", run.stderr)
+        run = self.run_tool("--walk", "80:a0:90")  # 0x90 jumps to 0x10, which falls through to 0x80 again
+        self.assertEqual(run.returncode, 2)
+        self.assertIn("comes back to 0x80", run.stderr)
+        run = self.run_tool("--walk", "80:a0")  # IADD3, the branch not taken, EXIT
+        self.assertEqual(run.returncode, 0, run.stderr)
+        self.assertIn(": 3 instructions", run.stdout)
+        run = self.run_tool("--walk", "10:95")
+        self.assertEqual(run.returncode, 2)
+        self.assertIn("0x95 is not an instruction", run.stderr)
+
+    def test_usage(self):
+        self.assertEqual(self.run_tool("--walk", "10").returncode, 2)
+        self.assertEqual(self.run_tool("--walk", "10:zz").returncode, 2)
+        run = self.run_tool("--walk", "10:90", kernels=".")  # two kernels match
+        self.assertEqual(run.returncode, 1)
+        self.assertIn("matches 2", run.stderr)
+        run = self.run_tool("--walk", "10:90", "--base-sass", self.file)
+        self.assertEqual(run.returncode, 2)
 
 
 if __name__ == "__main__":
