@@ -21,13 +21,17 @@ loop body holds every path (the prefill tiles' loop holds one wgmma group per ti
 a K-step runs one), so read the opcodes that differ and where they sit, not only the total.
 "path N@W" estimates the instructions one pass runs at wgmma width W (the widest in the loop): the
 loop without the wgmma groups (WARPGROUP.ARRIVE to the HGMMA that closes the group, and the branch
-after it) of other widths; the branches that pick a width stay counted. --walk START:END[:TAKEN,...] counts what one warp issues along one path instead (one kernel
-only): from address START to END, taking the conditional branches at the TAKEN addresses and every
+after it) of other widths; the branches that pick a width stay counted.
+
+--walk START:END[:TAKEN,...] counts what one warp issues along one path instead (one kernel only):
+from address START to END, taking the conditional branches at the TAKEN addresses and every
 unconditional one; e.g. one full stage of a decode GEMM, from the stage loop's head to its backward
 branch (a branch that diverges within a warp runs both sides: walk the side a full stage takes and
-add the other's). cuobjdump comes from
---cuobjdump, $CUOBJDUMP, PATH or the CUDA toolkit's bin folder (a toolkit without it: PyPI's
-nvidia-cuda-cuobjdump wheel holds it as nvidia/cu13/bin/cuobjdump). Exit status 1 when no kernel matched, 2 on a usage error.
+add the other's).
+
+cuobjdump comes from --cuobjdump, $CUOBJDUMP, PATH or the CUDA toolkit's bin folder (a toolkit
+without it: PyPI's nvidia-cuda-cuobjdump wheel holds it as nvidia/cu13/bin/cuobjdump). Exit status
+1 when no kernel matched, 2 on a usage error.
 """
 import argparse
 import collections
@@ -146,7 +150,7 @@ def walk(code, start, end, taken):
         if opcode(instruction) in ("EXIT", "RET") and not instruction.startswith("@"):
             raise ValueError(f"the path exits at 0x{address:x} before 0x{end:x}")
         m = BRANCH.search(instruction)
-        if m and opcode(instruction).startswith("BRA") and (address in taken or not instruction.startswith("@")):
+        if m and (address in taken or not instruction.startswith("@")):
             target = int(m.group(1), 16)
             if target not in index:
                 raise ValueError(f"the branch at 0x{address:x} leaves the kernel's code (0x{target:x})")
